@@ -1,0 +1,1 @@
+"""rlinf_embodied.runners"""
