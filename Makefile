@@ -1,0 +1,32 @@
+# rlinf-embodied: `make demo` runs the main job, `make test` the test suite.
+# Each target runs `setup` first; setup is idempotent and quiet when nothing is missing.
+PY := .venv/bin/python
+CLI := $(PY) -m rlinf_embodied.cli
+export MUJOCO_GL ?= egl
+
+.PHONY: setup demo test test-all doctor bench lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(CLI) doctor
+	$(CLI) train configs/maniskill_pushcube_ppo_mlp.yaml
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q
+
+doctor: setup
+	$(CLI) doctor
+
+bench: setup
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b --quick | tail -n 1; done
+
+lint: setup
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf runs .pytest_cache

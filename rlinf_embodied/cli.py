@@ -1,0 +1,85 @@
+"""The `rlinf-embodied` command line (typer).
+
+Commands import their machinery lazily so that `--help` and `config show` stay fast and never
+import a simulator or a large model.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from rlinf_embodied import __version__
+
+app = typer.Typer(
+    help="RL fine-tuning of robot policies in simulators (ManiSkill3, LIBERO, gymnasium).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect job configurations.", no_args_is_help=True)
+envs_app = typer.Typer(help="Registered environments.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(envs_app, name="envs")
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"rlinf-embodied {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """RL fine-tuning of robot policies in simulators."""
+
+
+@config_app.command("show")
+def config_show(
+    config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
+) -> None:
+    """Print the resolved configuration (YAML) after overrides and validation."""
+    from rlinf_embodied.config import ConfigError, load_config, to_yaml
+
+    try:
+        cfg = load_config(config, overrides or [])
+    except ConfigError as e:
+        _fail(str(e))
+    typer.echo(to_yaml(cfg), nl=False)
+
+
+@app.command()
+def doctor(json_output: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Check Python, torch, Ray, SAPIEN/MuJoCo rendering, LIBERO assets and version pins."""
+    from rlinf_embodied.doctor import format_checks, run_checks
+
+    results = run_checks()
+    typer.echo(format_checks(results, as_json=json_output))
+    if any(c.failed for c in results):
+        raise typer.Exit(1)
+
+
+@envs_app.command("list")
+def envs_list() -> None:
+    """Print registered environment ids with a one-line description."""
+    from rlinf_embodied.envs.registry import describe_envs
+
+    rows = describe_envs()
+    width = max((len(i) for i, _ in rows), default=0)
+    for env_id, desc in rows:
+        typer.echo(f"{env_id:<{width}}  {desc}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
