@@ -1,0 +1,186 @@
+"""From a job config to a plan: workflow graph, profile lookup, search, placement.
+
+This is the API ``train ... placement=auto`` and ``plan`` use:
+
+* :func:`graph_from_config` - the embodied workflow graph of a :class:`JobConfig`.
+* :func:`profile_for_config` - the cached profile for (config, hardware) in the run directory,
+  else the documented analytic default (:func:`~.profiles.analytic_default_profile`).
+* :func:`plan_config` - search over plans for a device count.
+* :func:`auto_plan` - profile (when components are given), cache, plan; returns the placement
+  dict in the runtime's YAML shape and a report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence, Tuple
+
+from rlinf_embodied.scheduler.graph import WorkflowGraph, embodied_graph
+from rlinf_embodied.scheduler.planner import (
+    PlannerOptions,
+    PlanResult,
+    granularity,
+    report_json,
+    report_text,
+    search,
+)
+from rlinf_embodied.scheduler.profiler import (
+    Component,
+    cache_key,
+    hardware_fingerprint,
+    load_profile,
+    profile_workflow,
+    save_profile,
+)
+from rlinf_embodied.scheduler.profiles import WorkflowProfile, analytic_default_profile
+
+__all__ = [
+    "graph_from_config",
+    "profile_config_key",
+    "profile_for_config",
+    "plan_config",
+    "auto_plan",
+    "default_batch_sizes",
+]
+
+
+def _obs_bytes(env_cfg: Any) -> float:
+    """Approximate bytes of one observation: images when rendered, else a small state."""
+    if getattr(env_cfg, "obs_mode", "state") == "rgb":
+        side = getattr(env_cfg, "sensor_size", None) or getattr(env_cfg, "image_size", 128)
+        cams = 2 if getattr(env_cfg, "type", "") == "libero" else 1
+        return float(cams * side * side * 3)
+    return 4.0 * 64
+
+
+def graph_from_config(cfg: Any) -> WorkflowGraph:
+    """The embodied workflow graph of a job config (N, T, update epochs, data volumes).
+
+    Args:
+        cfg: A ``JobConfig`` (``env.num_envs``, ``trainer.rollout_steps``,
+            ``trainer.update_epochs``, ``policy.action_chunk``).
+    """
+    obs = _obs_bytes(cfg.env)
+    action = 4.0 * 8 * max(1, cfg.policy.action_chunk)
+    return embodied_graph(
+        num_envs=cfg.env.num_envs,
+        rollout_steps=cfg.trainer.rollout_steps,
+        update_epochs=cfg.trainer.update_epochs,
+        obs_bytes=obs,
+        action_bytes=action,
+        sample_bytes=obs + action,
+    )
+
+
+def profile_config_key(cfg: Any, hardware: Optional[str] = None) -> str:
+    """Cache key of the profile: what changes per-call costs (env and policy sections)."""
+    from rlinf_embodied.config import as_dict
+
+    d = as_dict(cfg)
+    relevant = {k: d[k] for k in ("env", "policy") if k in d}
+    relevant["micro_batch_size"] = d.get("trainer", {}).get("micro_batch_size")
+    return cache_key(relevant, hardware)
+
+
+def profile_for_config(cfg: Any, run_dir: Optional[str | Path]) -> WorkflowProfile:
+    """The cached profile of this config on this hardware, else the analytic default.
+
+    ``profile.source`` tells which one was used (``cached (...)`` or ``analytic default ...``).
+    """
+    if run_dir is not None:
+        cached = load_profile(run_dir, profile_config_key(cfg))
+        if cached is not None:
+            return cached
+    return analytic_default_profile(cfg.env.type, cfg.policy.type)
+
+
+def plan_config(
+    cfg: Any,
+    devices: int,
+    profile: WorkflowProfile,
+    options: PlannerOptions = PlannerOptions(),
+) -> PlanResult:
+    """Search plans for ``cfg`` on ``devices`` devices under ``profile``."""
+    return search(graph_from_config(cfg), profile, devices, options)
+
+
+def default_batch_sizes(cfg: Any, devices: int) -> dict:
+    """Batch sizes to profile per group: powers of two up to the per-device maximum."""
+
+    def ladder(n: int) -> list:
+        out, b = [], 1
+        while b < n:
+            out.append(b)
+            b *= 4
+        return out + [n]
+
+    n_env = max(1, -(-cfg.env.num_envs // max(1, devices)))
+    samples = cfg.env.num_envs * cfg.trainer.rollout_steps
+    n_actor = cfg.trainer.micro_batch_size or max(1, samples // max(1, cfg.trainer.num_minibatches))
+    return {"env": ladder(n_env), "rollout": ladder(n_env), "actor": ladder(min(n_actor, samples))}
+
+
+def auto_plan(
+    job_cfg: Any,
+    cluster: Any,
+    run_dir: str | Path,
+    components: Optional[Sequence[Component]] = None,
+    device_memory_bytes: Optional[float] = None,
+    weight_sync: Any = None,
+) -> Tuple[dict, dict]:
+    """Profile (if needed), plan, and return the placement for ``train ... placement=auto``.
+
+    Order of profile sources: the cache in ``run_dir`` for (config, hardware); else measure
+    ``components`` (one per worker group, each on one device; see ``profiler``) and cache the
+    result; else the analytic default profile (the report says so).
+
+    Args:
+        job_cfg: The ``JobConfig``.
+        cluster: A runtime ``Cluster`` (only ``num_devices`` is used) or an int device count.
+        run_dir: Run directory for the profile cache.
+        components: Components to measure when nothing is cached.
+        device_memory_bytes: Device memory for a measured profile; None reads it from the
+            first CUDA device, or uses 16 GiB on CPU.
+        weight_sync: Callable doing one weight sync, timed with the components.
+
+    Returns:
+        ``(placement, report)``: ``placement`` is ``{context_switch, groups: {name: {devices}}}``
+        (``PlacementPlan.from_dict`` accepts it); ``report`` has ``granularity``
+        (``pipeline_stages``, ``chunks``, per-group ``micro_batch``), ``predicted_iteration_s``,
+        ``mode``, ``profile`` (its source), ``text`` (the ``plan`` report) and ``json``.
+
+    Raises:
+        ValueError: when no plan fits in device memory (with the reason per mode).
+    """
+    devices = cluster if isinstance(cluster, int) else int(cluster.num_devices)
+    profile = profile_for_config(job_cfg, run_dir)
+    if profile.source.startswith("analytic") and components:
+        profile = profile_workflow(
+            components,
+            default_batch_sizes(job_cfg, devices),
+            device_memory_bytes or _device_memory(),
+            weight_sync=weight_sync,
+        )
+        save_profile(run_dir, profile_config_key(job_cfg), profile)
+    result = plan_config(job_cfg, devices, profile)
+    report = {
+        "mode": result.best.mode,
+        "predicted_iteration_s": result.best.time_s,
+        "granularity": granularity(result.best.plan),
+        "profile": profile.source,
+        "hardware": hardware_fingerprint(),
+        "text": report_text(result),
+        "json": report_json(result),
+    }
+    return result.placement(), report
+
+
+def _device_memory() -> float:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.get_device_properties(0).total_memory)
+    except ImportError:  # pragma: no cover
+        pass
+    return 16.0 * (1 << 30)

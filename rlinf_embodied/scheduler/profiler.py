@@ -1,0 +1,330 @@
+"""Profiler: run each component alone at several batch sizes and record time and memory.
+
+Paper section 3.4: "the scheduler profiles component time and memory". A component is anything
+that can run one micro-batch of ``b`` items and say how long it took and how much device memory
+it peaked at (:class:`Component`); :class:`FunctionComponent` wraps a plain callable and
+:class:`WorkerGroupComponent` wraps a runtime worker-group method, whose per-rank call timings
+(paper section 4, worker-group timers) are the measured time. Profiles are cached per
+(config, hardware) key in the run directory as JSON, written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+
+from rlinf_embodied.scheduler.profiles import ComponentProfile, WorkflowProfile
+
+__all__ = [
+    "Measurement",
+    "Component",
+    "FunctionComponent",
+    "WorkerGroupComponent",
+    "profile_component",
+    "profile_workflow",
+    "hardware_fingerprint",
+    "cache_key",
+    "PROFILE_FILE",
+    "save_profile",
+    "load_profile",
+]
+
+PROFILE_FILE = "scheduler_profile.json"
+"""Name of the cached profile inside a run directory."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One call of a component.
+
+    Attributes:
+        time_s: Seconds the call took (on the slowest device for a group).
+        peak_bytes: Peak device memory during the call, bytes (0 when unknown).
+    """
+
+    time_s: float
+    peak_bytes: float = 0.0
+
+
+@runtime_checkable
+class Component(Protocol):
+    """What the profiler needs from a worker group (or anything else).
+
+    ``run(b)`` processes one micro-batch of ``b`` items on one device. The optional methods
+    default to "free": ``onload``/``offload`` return their seconds, ``static_bytes`` the memory
+    resident between calls.
+    """
+
+    name: str
+
+    def run(self, batch: int) -> Measurement: ...
+
+
+class FunctionComponent:
+    """A component from callables.
+
+    Args:
+        name: Worker group name the profile is for.
+        run: ``run(batch) -> Measurement | float | None``; a float is taken as peak bytes, None
+            as unknown memory; the wall time of the call is the time unless a Measurement says
+            otherwise.
+        onload: Callable moving state onto the device (timed), or None.
+        offload: Callable moving state off the device (timed), or None.
+        static_bytes: Resident memory between calls, bytes.
+        shard_static: Whether the static memory shards over data-parallel devices.
+        dp_efficiency: Throughput factor per doubling of devices (see ``profiles``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[int], Any],
+        onload: Optional[Callable[[], Any]] = None,
+        offload: Optional[Callable[[], Any]] = None,
+        static_bytes: float = 0.0,
+        shard_static: bool = False,
+        dp_efficiency: float = 1.0,
+    ):
+        self.name = name
+        self._run, self._onload, self._offload = run, onload, offload
+        self.static_bytes = static_bytes
+        self.shard_static = shard_static
+        self.dp_efficiency = dp_efficiency
+
+    def run(self, batch: int) -> Measurement:
+        t0 = time.perf_counter()
+        out = self._run(batch)
+        wall = time.perf_counter() - t0
+        if isinstance(out, Measurement):
+            return out
+        return Measurement(wall, float(out or 0.0))
+
+    def onload(self) -> float:
+        return _timed(self._onload)
+
+    def offload(self) -> float:
+        return _timed(self._offload)
+
+
+def _timed(fn: Optional[Callable[[], Any]]) -> float:
+    if fn is None:
+        return 0.0
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class WorkerGroupComponent:
+    """A runtime worker-group method as a component (launch the group on one device).
+
+    The method is called as ``group.<method>(batch)``; each rank returns its peak device memory
+    in bytes (or None) and the time is the slowest rank's timing from the call handle (the
+    worker-group timer of paper section 4), so driver and Ray overheads are excluded.
+
+    Args:
+        name: Worker group name.
+        group: A started ``WorkerGroup``.
+        method: Name of the method running one micro-batch.
+        onload_method: Method moving state onto the device, or None.
+        offload_method: Method moving state off the device, or None.
+        static_bytes: Resident memory between calls, bytes.
+        shard_static: Whether the static memory shards over data-parallel devices.
+        dp_efficiency: Throughput factor per doubling of devices.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        group: Any,
+        method: str,
+        onload_method: Optional[str] = None,
+        offload_method: Optional[str] = None,
+        static_bytes: float = 0.0,
+        shard_static: bool = False,
+        dp_efficiency: float = 1.0,
+    ):
+        self.name, self.group, self.method = name, group, method
+        self._on, self._off = onload_method, offload_method
+        self.static_bytes = static_bytes
+        self.shard_static = shard_static
+        self.dp_efficiency = dp_efficiency
+
+    def _call(self, method: str, *args) -> tuple[float, list]:
+        handle = getattr(self.group, method)(*args)
+        values = handle.wait()
+        return handle.timing.max, values
+
+    def run(self, batch: int) -> Measurement:
+        t, values = self._call(self.method, batch)
+        return Measurement(t, float(max((v or 0.0) for v in values)))
+
+    def onload(self) -> float:
+        return self._call(self._on)[0] if self._on else 0.0
+
+    def offload(self) -> float:
+        return self._call(self._off)[0] if self._off else 0.0
+
+
+def profile_component(
+    component: Component, batch_sizes: Sequence[int], repeats: int = 3, warmup: int = 1
+) -> ComponentProfile:
+    """Run ``component`` alone at each batch size and summarise.
+
+    Args:
+        component: The component (see :class:`Component`).
+        batch_sizes: Micro-batch sizes to measure, in items.
+        repeats: Timed calls per batch size; the median is recorded.
+        warmup: Untimed calls per batch size first (compilation, caches, allocator).
+
+    Returns:
+        A :class:`ComponentProfile` with median time and maximum peak memory per size, plus the
+        median of three offload/onload cycles when the component has them.
+
+    Raises:
+        ValueError: for no batch sizes or ``repeats`` < 1.
+    """
+    sizes = sorted(set(int(b) for b in batch_sizes))
+    if not sizes or sizes[0] < 1 or repeats < 1:
+        raise ValueError(
+            f"Profile with positive batch sizes and repeats >= 1 (got {batch_sizes}, {repeats})."
+        )
+    times, peaks = [], []
+    for b in sizes:
+        for _ in range(warmup):
+            component.run(b)
+        ms = [component.run(b) for _ in range(repeats)]
+        times.append(statistics.median(m.time_s for m in ms))
+        peaks.append(max(m.peak_bytes for m in ms))
+    static = float(getattr(component, "static_bytes", 0.0))
+    onload = offload = 0.0
+    if hasattr(component, "offload") and hasattr(component, "onload"):
+        cycles = [(component.offload(), component.onload()) for _ in range(3)]
+        offload = statistics.median(c[0] for c in cycles)
+        onload = statistics.median(c[1] for c in cycles)
+    return ComponentProfile(
+        name=component.name,
+        batch_sizes=tuple(sizes),
+        time_s=tuple(times),
+        peak_bytes=tuple(max(p, static) for p in peaks),
+        static_bytes=static,
+        shard_static=bool(getattr(component, "shard_static", False)),
+        onload_s=onload,
+        offload_s=offload,
+        dp_efficiency=float(getattr(component, "dp_efficiency", 1.0)),
+    )
+
+
+def profile_workflow(
+    components: Sequence[Component],
+    batch_sizes: Mapping[str, Sequence[int]],
+    device_memory_bytes: float,
+    weight_sync: Optional[Callable[[], Any]] = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    link_bandwidth_Bps: float = 10e9,
+    hardware: Optional[str] = None,
+) -> WorkflowProfile:
+    """Profile every component and the weight sync.
+
+    Args:
+        components: One per worker group.
+        batch_sizes: Group name -> batch sizes to measure.
+        device_memory_bytes: Usable memory per device.
+        weight_sync: Callable performing one actor -> rollout weight sync (timed, median of 3).
+        repeats: See :func:`profile_component`.
+        warmup: See :func:`profile_component`.
+        link_bandwidth_Bps: Bytes per second between device groups.
+        hardware: Description; defaults to :func:`hardware_fingerprint`.
+
+    Raises:
+        KeyError: if a component has no entry in ``batch_sizes``.
+    """
+    profiles = {}
+    for c in components:
+        if c.name not in batch_sizes:
+            raise KeyError(f"No batch sizes for component {c.name!r}; add batch_sizes[{c.name!r}].")
+        profiles[c.name] = profile_component(c, batch_sizes[c.name], repeats, warmup)
+    sync = statistics.median(_timed(weight_sync) for _ in range(3)) if weight_sync else 0.0
+    return WorkflowProfile(
+        components=profiles,
+        device_memory_bytes=device_memory_bytes,
+        weight_sync_s=sync,
+        link_bandwidth_Bps=link_bandwidth_Bps,
+        hardware=hardware or hardware_fingerprint(),
+        source="measured",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------------
+def hardware_fingerprint() -> str:
+    """Stable description of this machine's devices (accelerator names or CPU model/count)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return f"cuda x{len(names)}: {', '.join(sorted(set(names)))}"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return f"cpu x{os.cpu_count()}: {platform.machine()} {platform.processor() or ''}".strip()
+
+
+def cache_key(config: Mapping[str, Any], hardware: Optional[str] = None) -> str:
+    """Hex digest identifying (the profile-relevant config, hardware)."""
+    blob = json.dumps({"config": config, "hardware": hardware or hardware_fingerprint()},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def save_profile(run_dir: str | os.PathLike, key: str, profile: WorkflowProfile) -> Path:
+    """Write ``profile`` under ``key`` into ``run_dir/scheduler_profile.json`` atomically.
+
+    Other keys already in the file are kept (one run directory may be planned for several
+    configs or machines).
+    """
+    path = Path(run_dir) / PROFILE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = _read_entries(path)
+    entries[key] = json.loads(profile.to_json())
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{PROFILE_FILE}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entries, f, sort_keys=True, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_profile(run_dir: str | os.PathLike, key: str) -> Optional[WorkflowProfile]:
+    """The profile cached under ``key`` in ``run_dir``, or None."""
+    entry = _read_entries(Path(run_dir) / PROFILE_FILE).get(key)
+    if entry is None:
+        return None
+    prof = WorkflowProfile.from_json(json.dumps(entry))
+    return prof if prof.source.startswith("cached") else _as_cached(prof)
+
+
+def _as_cached(prof: WorkflowProfile) -> WorkflowProfile:
+    from dataclasses import replace
+
+    return replace(prof, source=f"cached ({prof.source} on {prof.hardware})")
+
+
+def _read_entries(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"Profile cache {path} is corrupt ({e}); delete it to re-profile.") from e
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,338 @@
+"""Component profiles: measured (or analytic) time and memory per micro-batch, as data.
+
+A :class:`ComponentProfile` holds what the scheduler needs to know about one worker group
+(paper section 3.4, "the scheduler profiles component time and memory"): the wall time of one
+call on a micro-batch of ``b`` items on one device, the peak device memory of that call, the
+memory that stays resident between calls, onload/offload costs (context switching, section 3.3)
+and how the component scales data-parallel. A :class:`WorkflowProfile` bundles the components of
+one workflow with the device memory, the weight-sync cost and the link speed of the hardware it
+was measured on.
+
+Interpolation (the cost model's only view of a profile): time and peak memory are piecewise
+linear in the batch size between profiled points and extended linearly past the last segment
+(or proportionally from the origin when only one point was profiled); results are clamped at 0.
+
+Data-parallel scaling: on ``d`` devices each device processes ``ceil(items / d)`` items and its
+time is multiplied by ``dp_efficiency ** -log2(d)`` (a fixed efficiency loss per doubling). ``dp_efficiency = 1`` is perfect scaling (simulators, inference);
+training pays for the gradient all-reduce (default analytic value 0.97 per doubling, an
+assumption, not a paper number).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, Mapping, Tuple
+
+__all__ = [
+    "ComponentProfile",
+    "WorkflowProfile",
+    "GiB",
+    "analytic_default_profile",
+    "affine_profile",
+]
+
+GiB = float(1 << 30)
+
+
+def _interp(xs: Tuple[int, ...], ys: Tuple[float, ...], x: float) -> float:
+    """Piecewise-linear interpolation with linear extrapolation, clamped at 0."""
+    if len(xs) == 1:
+        return max(0.0, ys[0] * x / xs[0])
+    i = bisect.bisect_left(xs, x)
+    i = min(max(i, 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class ComponentProfile:
+    """Time and memory of one component (one worker group's per-call work) on one device.
+
+    Attributes:
+        name: Worker group name (``env``, ``rollout``, ``actor``, ...).
+        batch_sizes: Profiled micro-batch sizes in items (envs stepped, observations forwarded,
+            samples trained), strictly increasing.
+        time_s: Seconds per call at each batch size on one device.
+        peak_bytes: Peak device memory in bytes during a call at each batch size (includes
+            ``static_bytes``).
+        static_bytes: Device memory resident between calls (weights, optimizer state, simulator
+            assets), bytes.
+        shard_static: True when ``static_bytes`` is sharded over data-parallel devices (FSDP
+            actor); False when each device holds a replica.
+        onload_s: Seconds to bring the component onto its device (context switch in).
+        offload_s: Seconds to move it off (context switch out).
+        dp_efficiency: Throughput factor per doubling of data-parallel devices, in (0, 1].
+        stateful_items: True when memory grows with the items *hosted* on a device rather than
+            with the call's batch (a GPU simulator keeps every env's state resident; section
+            5.1.2, ManiSkill's memory-limited env scaling); ``peak_bytes`` is then per hosted
+            envs, and micro-batching does not reduce it.
+
+    Raises:
+        ValueError: on empty or unsorted batch sizes, mismatched lengths or out-of-range values.
+    """
+
+    name: str
+    batch_sizes: Tuple[int, ...]
+    time_s: Tuple[float, ...]
+    peak_bytes: Tuple[float, ...]
+    static_bytes: float = 0.0
+    shard_static: bool = False
+    onload_s: float = 0.0
+    offload_s: float = 0.0
+    dp_efficiency: float = 1.0
+    stateful_items: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        object.__setattr__(self, "time_s", tuple(float(t) for t in self.time_s))
+        object.__setattr__(self, "peak_bytes", tuple(float(m) for m in self.peak_bytes))
+        n = len(self.batch_sizes)
+        if n == 0 or len(self.time_s) != n or len(self.peak_bytes) != n:
+            raise ValueError(
+                f"Profile {self.name!r}: batch_sizes, time_s and peak_bytes need the same "
+                f"non-zero length (got {n}, {len(self.time_s)}, {len(self.peak_bytes)})."
+            )
+        if any(b <= 0 for b in self.batch_sizes) or list(self.batch_sizes) != sorted(
+            set(self.batch_sizes)
+        ):
+            raise ValueError(
+                f"Profile {self.name!r}: batch_sizes must be positive and strictly increasing "
+                f"(got {self.batch_sizes})."
+            )
+        if not 0.0 < self.dp_efficiency <= 1.0:
+            raise ValueError(
+                f"Profile {self.name!r}: dp_efficiency must be in (0, 1] (got {self.dp_efficiency})."
+            )
+
+    def time(self, batch: float) -> float:
+        """Seconds for one call on ``batch`` items on one device (interpolated)."""
+        return 0.0 if batch <= 0 else _interp(self.batch_sizes, self.time_s, batch)
+
+    def activation_bytes(self, batch: float) -> float:
+        """Peak bytes above the static footprint for a call on ``batch`` items."""
+        if batch <= 0:
+            return 0.0
+        return max(0.0, _interp(self.batch_sizes, self.peak_bytes, batch) - self.static_bytes)
+
+    def memory(self, batch: float, devices: int, hosted: float | None = None) -> float:
+        """Peak bytes per device running data-parallel on ``devices`` devices.
+
+        Args:
+            batch: Items per device per call.
+            devices: Data-parallel devices (shards ``static_bytes`` when ``shard_static``).
+            hosted: Items resident per device (envs); used instead of ``batch`` when
+                ``stateful_items``.
+        """
+        static = self.static_bytes / devices if self.shard_static else self.static_bytes
+        items = hosted if (self.stateful_items and hosted is not None) else batch
+        return static + self.activation_bytes(items)
+
+    def scale(self, devices: int) -> float:
+        """Multiplier of per-device time on ``devices`` data-parallel devices (>= 1)."""
+        return self.dp_efficiency ** (-math.log2(devices)) if devices > 1 else 1.0
+
+    def scaled(self, time_factor: float = 1.0, memory_factor: float = 1.0) -> "ComponentProfile":
+        """This profile on other hardware: times and memory multiplied (section 5.2 style
+        planning of clusters this machine cannot hold)."""
+        return replace(
+            self,
+            time_s=tuple(t * time_factor for t in self.time_s),
+            peak_bytes=tuple(m * memory_factor for m in self.peak_bytes),
+            static_bytes=self.static_bytes * memory_factor,
+            onload_s=self.onload_s * time_factor,
+            offload_s=self.offload_s * time_factor,
+        )
+
+
+@dataclass(frozen=True)
+class WorkflowProfile:
+    """Profiles of all components of a workflow plus hardware facts.
+
+    Attributes:
+        components: Worker group name -> its profile.
+        device_memory_bytes: Usable memory of one device, bytes.
+        weight_sync_s: Seconds to push the actor's weights to the rollout group once per
+            iteration.
+        link_bandwidth_Bps: Bytes per second between device groups (channel transfers of a
+            spatial plan; collocated groups transfer for free).
+        link_latency_s: Fixed seconds per transfer.
+        hardware: Free-text description of the machine the profile was measured on.
+        source: Where the numbers come from (``measured``, ``cached``, ``analytic default``).
+    """
+
+    components: Mapping[str, ComponentProfile]
+    device_memory_bytes: float
+    weight_sync_s: float = 0.0
+    link_bandwidth_Bps: float = 10e9
+    link_latency_s: float = 0.0
+    hardware: str = "unknown"
+    source: str = "measured"
+
+    def __getitem__(self, name: str) -> ComponentProfile:
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(
+                f"No profile for component {name!r}; profiled: {sorted(self.components)}. "
+                "Re-run the profiler with that worker group."
+            ) from None
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` between two device groups."""
+        return 0.0 if nbytes <= 0 else self.link_latency_s + nbytes / self.link_bandwidth_Bps
+
+    def scaled(
+        self, time_factor: float = 1.0, device_memory_bytes: float | None = None
+    ) -> "WorkflowProfile":
+        """The same workflow on other hardware: every time multiplied by ``time_factor``,
+        optionally another device memory (paper section 5.2 scale studies)."""
+        return replace(
+            self,
+            components={k: c.scaled(time_factor) for k, c in self.components.items()},
+            weight_sync_s=self.weight_sync_s * time_factor,
+            device_memory_bytes=device_memory_bytes or self.device_memory_bytes,
+            source=f"{self.source}, scaled x{time_factor:g}",
+        )
+
+    def to_json(self) -> str:
+        """Canonical JSON text (sorted keys) of this profile."""
+        d = asdict(self)
+        d["components"] = {k: asdict(v) for k, v in sorted(self.components.items())}
+        return json.dumps(d, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkflowProfile":
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: if the text is not a profile written by :meth:`to_json`.
+        """
+        try:
+            d = json.loads(text)
+            comps = {k: ComponentProfile(**v) for k, v in d.pop("components").items()}
+            return cls(components=comps, **d)
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(
+                f"Not a workflow profile ({e}); delete the cached file to re-profile."
+            ) from e
+
+
+# --------------------------------------------------------------------------------------------
+# Analytic default profile
+# --------------------------------------------------------------------------------------------
+def affine_profile(
+    name: str,
+    fixed_s: float,
+    per_item_s: float,
+    static_bytes: float = 0.0,
+    per_item_bytes: float = 0.0,
+    batch_sizes: Tuple[int, ...] = (1, 8, 64, 256, 1024),
+    **kwargs,
+) -> ComponentProfile:
+    """A profile with time ``fixed_s + per_item_s * b`` and peak memory ``static_bytes +
+    per_item_bytes * b`` sampled at ``batch_sizes`` (analytic defaults, tests, what-ifs).
+
+    ``kwargs`` are the remaining :class:`ComponentProfile` fields (``shard_static``,
+    ``onload_s``, ``offload_s``, ``dp_efficiency``, ``stateful_items``).
+    """
+    return ComponentProfile(
+        name=name,
+        batch_sizes=batch_sizes,
+        time_s=tuple(fixed_s + per_item_s * b for b in batch_sizes),
+        peak_bytes=tuple(static_bytes + per_item_bytes * b for b in batch_sizes),
+        static_bytes=static_bytes,
+        **kwargs,
+    )
+
+
+@dataclass(frozen=True)
+class _Analytic:
+    """Affine time model ``fixed_s + per_item_s * b`` and memory ``static + per_item * b``."""
+
+    fixed_s: float
+    per_item_s: float
+    static_gib: float
+    per_item_gib: float
+    shard_static: bool = False
+    onload_s: float = 0.0
+    dp_efficiency: float = 1.0
+    stateful_items: bool = False
+
+    def profile(self, name: str) -> ComponentProfile:
+        return affine_profile(
+            name,
+            self.fixed_s,
+            self.per_item_s,
+            self.static_gib * GiB,
+            self.per_item_gib * GiB,
+            shard_static=self.shard_static,
+            onload_s=self.onload_s,
+            offload_s=self.onload_s,
+            dp_efficiency=self.dp_efficiency,
+            stateful_items=self.stateful_items,
+        )
+
+
+# Order-of-magnitude guesses for an 80 GB accelerator, NOT measurements: they make `plan` give a
+# sensible answer before anything has been profiled. Env entries are per env step of one env
+# (ManiSkill GPU simulation is memory-hungry per env, section 5.1.2); policy entries are per
+# observation (rollout) and per training sample (actor, forward + backward, FSDP-sharded state).
+_ENV_ANALYTIC: Dict[str, _Analytic] = {
+    "maniskill": _Analytic(5e-3, 2e-4, 2.0, 0.05, onload_s=2.0, stateful_items=True),
+    "libero": _Analytic(1e-3, 2e-2, 0.5, 0.01, onload_s=1.0, stateful_items=True),
+    "gym": _Analytic(1e-4, 1e-5, 0.0, 0.0),
+}
+_ROLLOUT_ANALYTIC: Dict[str, _Analytic] = {
+    "mlp": _Analytic(5e-4, 1e-6, 0.01, 1e-5),
+    "cnn": _Analytic(1e-3, 2e-5, 0.05, 2e-4),
+    "openvla": _Analytic(0.1, 2e-3, 15.0, 0.02, onload_s=3.0),
+    "openvla_oft": _Analytic(0.05, 1e-3, 15.0, 0.02, onload_s=3.0),
+}
+_ACTOR_ANALYTIC: Dict[str, _Analytic] = {
+    "mlp": _Analytic(1e-3, 3e-6, 0.03, 3e-5, shard_static=True, dp_efficiency=0.97),
+    "cnn": _Analytic(2e-3, 6e-5, 0.15, 6e-4, shard_static=True, dp_efficiency=0.97),
+    "openvla": _Analytic(
+        0.2, 6e-3, 120.0, 0.3, shard_static=True, onload_s=8.0, dp_efficiency=0.97
+    ),
+    "openvla_oft": _Analytic(
+        0.1, 3e-3, 120.0, 0.3, shard_static=True, onload_s=8.0, dp_efficiency=0.97
+    ),
+}
+
+
+def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile:
+    """The documented, unmeasured profile used by ``plan`` before any profile exists.
+
+    Affine time and memory per component from the tables in this module (order-of-magnitude
+    guesses for an 80 GiB accelerator with a 25 GB/s link; see the comments there). Use it to
+    explore, then measure: plans on measured profiles replace it.
+
+    Args:
+        env_type: ``env.type`` of the job (unknown types fall back to ``gym``).
+        policy_type: ``policy.type`` of the job (unknown types fall back to ``mlp``).
+
+    Returns:
+        A profile with components ``env``, ``rollout`` and ``actor``; ``source`` says it is the
+        analytic default.
+    """
+    env = _ENV_ANALYTIC.get(env_type, _ENV_ANALYTIC["gym"])
+    rollout = _ROLLOUT_ANALYTIC.get(policy_type, _ROLLOUT_ANALYTIC["mlp"])
+    actor = _ACTOR_ANALYTIC.get(policy_type, _ACTOR_ANALYTIC["mlp"])
+    sync = 0.5 if policy_type.startswith("openvla") else 0.01
+    return WorkflowProfile(
+        components={
+            "env": env.profile("env"),
+            "rollout": rollout.profile("rollout"),
+            "actor": actor.profile("actor"),
+        },
+        device_memory_bytes=80 * GiB,
+        weight_sync_s=sync,
+        link_bandwidth_Bps=25e9,
+        link_latency_s=1e-4,
+        hardware="analytic 80 GiB accelerator",
+        source=f"analytic default (env={env_type}, policy={policy_type}; not measured)",
+    )
+
