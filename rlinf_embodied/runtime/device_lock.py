@@ -1,0 +1,188 @@
+"""DeviceLock: context switching of worker groups that share devices (paper section 3.3).
+
+Workers placed on the same device take turns: a worker acquires the locks of all its devices
+(all at once, so two multi-device workers cannot deadlock), onloads its state, works, offloads
+and releases. The lock service is one Ray actor for the whole cluster.
+
+Dependency-aware priority (paper section 3.3): waiters declare the channels they consume. When
+a holder releases after putting into channel X, a waiter that consumes X gets the devices before
+waiters that arrived earlier, so the child runs as soon as its parent has produced; otherwise
+waiters are served in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Iterable, NamedTuple, Sequence
+
+import ray
+
+_SERVICE_NAME = "rlinf_device_lock"
+
+
+class LockEvent(NamedTuple):
+    """One entry of the lock trace."""
+
+    time: float
+    """Wall-clock seconds (time.time() on the lock service)."""
+    device: int
+    """Global device id."""
+    worker: str
+    """Worker name, ``"<group>[<rank>]"``."""
+    event: str
+    """``"request"``, ``"acquire"`` or ``"release"``."""
+
+
+@dataclasses.dataclass
+class _Waiter:
+    worker: str
+    devices: tuple[int, ...]
+    consumes: frozenset[str]
+    seq: int
+    granted: asyncio.Future
+
+
+class _LockService:
+    """The lock actor (async): holders, waiters, and the event trace."""
+
+    def __init__(self) -> None:
+        self._holder: dict[int, str] = {}
+        self._last_products: dict[int, frozenset[str]] = {}
+        self._waiters: list[_Waiter] = []
+        self._seq = 0
+        self._trace: list[LockEvent] = []
+
+    async def acquire(
+        self, worker: str, devices: Sequence[int], consumes: Sequence[str], timeout: float | None
+    ) -> bool:
+        granted = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(worker, tuple(devices), frozenset(consumes), self._seq, granted)
+        self._seq += 1
+        self._record(waiter.devices, worker, "request")
+        self._waiters.append(waiter)
+        self._grant()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.granted), timeout)
+            return True
+        except asyncio.TimeoutError:
+            if waiter.granted.done():  # granted in the same instant: keep it
+                return True
+            self._waiters.remove(waiter)
+            return False
+
+    async def release(self, worker: str, devices: Sequence[int], produced: Sequence[str]) -> None:
+        for d in devices:
+            if self._holder.get(d) != worker:
+                raise RuntimeError(
+                    f"{worker} released device {d}, held by {self._holder.get(d)}; release only "
+                    f"devices acquired through the same worker's device_lock()."
+                )
+        for d in devices:
+            del self._holder[d]
+            self._last_products[d] = frozenset(produced)
+        self._record(devices, worker, "release")
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand free devices to waiters: consumers of what was just produced first, then FIFO."""
+
+        def priority(w: _Waiter) -> tuple[bool, int]:
+            fed = any(w.consumes & self._last_products.get(d, frozenset()) for d in w.devices)
+            return (not fed, w.seq)
+
+        for waiter in sorted(self._waiters, key=priority):
+            if any(d in self._holder for d in waiter.devices):
+                continue
+            for d in waiter.devices:
+                self._holder[d] = waiter.worker
+            self._waiters.remove(waiter)
+            self._record(waiter.devices, waiter.worker, "acquire")
+            waiter.granted.set_result(True)
+
+    def _record(self, devices: Iterable[int], worker: str, event: str) -> None:
+        now = time.time()
+        self._trace.extend(LockEvent(now, d, worker, event) for d in devices)
+
+    def trace(self) -> list[tuple]:
+        return [tuple(e) for e in self._trace]
+
+    async def clear_trace(self) -> None:
+        self._trace.clear()
+
+    def num_waiters(self, device: int | None = None) -> int:
+        return sum(device is None or device in w.devices for w in self._waiters)
+
+    def holder(self, device: int) -> str | None:
+        return self._holder.get(device)
+
+
+_ServiceActor = ray.remote(num_cpus=0)(_LockService)
+
+
+class DeviceLock:
+    """Handle to the cluster's device-lock service (created on first use, named, picklable).
+
+    Workers normally use ``with self.device_lock(consumes=[...]):`` (see ``Worker``), which wraps
+    :meth:`acquire`, ``onload()``, ``offload()`` and :meth:`release`.
+    """
+
+    def __init__(self, actor) -> None:
+        self._actor = actor
+
+    @classmethod
+    def connect(cls) -> "DeviceLock":
+        """The lock service of this Ray namespace, created (owned by the caller) if absent."""
+        actor = _ServiceActor.options(
+            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096
+        ).remote()
+        return cls(actor)
+
+    def acquire(
+        self,
+        worker: str,
+        devices: Sequence[int],
+        consumes: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> None:
+        """Block until ``worker`` holds every device in ``devices``.
+
+        Args:
+            worker: Holder name (unique per worker process).
+            devices: Global device ids, taken all at once.
+            consumes: Channel names this worker reads; gives priority after their producers.
+            timeout: Seconds to wait; None waits forever.
+
+        Raises:
+            TimeoutError: If the devices stayed busy for ``timeout`` seconds.
+        """
+        if not ray.get(self._actor.acquire.remote(worker, list(devices), list(consumes), timeout)):
+            raise TimeoutError(
+                f"{worker} waited {timeout} s for devices {list(devices)}; another worker holds "
+                f"them (see DeviceLock.trace()) - raise the timeout or fix the holder."
+            )
+
+    def release(self, worker: str, devices: Sequence[int], produced: Iterable[str] = ()) -> None:
+        """Release ``devices``; ``produced`` names the channels put into while holding them.
+
+        Raises:
+            RuntimeError: (from the service) if ``worker`` does not hold the devices.
+        """
+        ray.get(self._actor.release.remote(worker, list(devices), sorted(produced)))
+
+    def trace(self) -> list[LockEvent]:
+        """Every request/acquire/release so far, in order."""
+        return [LockEvent(*e) for e in ray.get(self._actor.trace.remote())]
+
+    def clear_trace(self) -> None:
+        """Forget the trace (e.g. between tests)."""
+        ray.get(self._actor.clear_trace.remote())
+
+    def num_waiters(self, device: int | None = None) -> int:
+        """Workers waiting (for ``device``, or for any device)."""
+        return ray.get(self._actor.num_waiters.remote(device))
+
+    def holder(self, device: int) -> str | None:
+        """Name of the worker holding ``device``, or None."""
+        return ray.get(self._actor.holder.remote(device))

@@ -1,0 +1,113 @@
+import os
+import signal
+import time
+
+import pytest
+
+from rlinf_embodied.runtime import PerRank, RemoteError, Worker, WorkerDiedError, WorkerGroup
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Echo(Worker):
+    def __init__(self, scale):
+        self.scale = scale
+        self.placed_at = [d.global_id for d in self.devices]  # context is ready in __init__
+
+    def info(self, x):
+        return self.rank, self.world_size, self.placed_at, x * self.scale
+
+    def fail(self):
+        return self._helper_that_fails()
+
+    def _helper_that_fails(self):
+        raise ValueError("the remote cause")
+
+    def pid(self):
+        return os.getpid()
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+    def all_reduce(self):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return t.item(), dist.get_backend()
+
+
+class BadInit(Worker):
+    def __init__(self):
+        raise RuntimeError("no model here")
+
+
+@pytest.fixture(scope="module")
+def group(cluster):
+    g = WorkerGroup(cluster, Echo, "echo", devices="0-1", procs_per_device=2, init_args=(10,))
+    yield g
+    g.shutdown()
+
+
+def test_fan_out_fan_in(group):
+    handle = group.info(3)
+    assert handle.wait(timeout=60) == [
+        (0, 4, [0], 30), (1, 4, [0], 30), (2, 4, [1], 30), (3, 4, [1], 30)
+    ]
+    timing = handle.timing
+    assert len(timing.per_rank) == 4 and 0 <= timing.mean <= timing.max
+
+
+def test_subset_of_ranks_with_per_rank_args(group):
+    assert group.on([3, 1]).info(PerRank([1, 2])).wait(timeout=60) == [(3, 4, [1], 10), (1, 4, [0], 20)]
+    with pytest.raises(ValueError, match="one value per called rank"):
+        group.info(PerRank([1]))
+    with pytest.raises(ValueError, match="ranks 0-3; got \\[7\\]"):
+        group.on([7])
+    with pytest.raises(AttributeError, match="has no method 'nope'; define it on Echo"):
+        group.nope()
+
+
+def test_exception_names_group_rank_method_with_remote_traceback(group):
+    with pytest.raises(RemoteError) as info:
+        group.on([2]).fail().wait(timeout=60)
+    err = info.value
+    assert (err.group, err.rank, err.method) == ("echo", 2, "fail")
+    assert "echo[rank 2].fail() raised ValueError: the remote cause" in str(err)
+    assert "_helper_that_fails" in err.remote_traceback  # the remote frames, not ours
+
+
+def test_init_failure_is_reported(cluster):
+    with pytest.raises(RemoteError, match=r"bad\[rank 0\].__init__\(\) raised RuntimeError: no model here"):
+        WorkerGroup(cluster, BadInit, "bad", devices="0")
+
+
+def test_concurrent_lane_overlaps_running_method(group):
+    slow = group.on([0]).sleep(3)
+    assert group.on([0], concurrent=True).info(1).wait(timeout=2.5)[0][0] == 0
+    assert slow.wait(timeout=60) == [0]
+
+
+def test_killed_worker_raises_within_seconds(cluster):
+    g = WorkerGroup(cluster, Echo, "doomed", devices="all", init_args=(1,))
+    try:
+        pids = g.pid().wait(timeout=60)
+        running = g.sleep(120)
+        os.kill(pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"doomed\[rank 1\] died while running sleep\(\)"):
+            running.wait(timeout=100)
+        assert time.monotonic() - start < 30  # seconds, not the 120 s the call would take
+    finally:
+        g.shutdown()
+
+
+def test_gloo_process_group_all_reduce(cluster):
+    g = WorkerGroup(cluster, Echo, "dist", devices="0-1", init_args=(1,))
+    try:
+        assert g.init_process_group(timeout_s=120) == "gloo"
+        assert g.all_reduce().wait(timeout=120) == [(3.0, "gloo"), (3.0, "gloo")]
+    finally:
+        g.shutdown()
