@@ -19,10 +19,13 @@ processes, 1 at the root):
 
 * Leaf: per round, a device processes ``n = ceil(items * f / d)`` items in ``ceil(n / batch)``
   calls; time = ``rounds * sum(call times) * dp_efficiency ** -log2(d)``.
-* Cycle, shared: ``T * m * sum_i e_i`` with ``e_i`` the time of member i on one micro-batch.
-* Cycle, split: ``T * sum_i e_i`` for ``m = 1``; else ``max(T * m * max_i e_i + sum_i e_i -
-  max_i e_i, T * sum_i e_i)`` - a ring pipeline with a bottleneck stage; exact for two
-  members with equal micro-batches. ``e_i`` includes the transfer of its ring input.
+* Cycle: ``e_i`` is member i's time on one micro-batch (incl. the transfer of its ring input
+  when split), ``B_i`` its busy time per round over all ``m`` micro-batches (integer sizes
+  ``q`` and ``q + 1``). Shared: ``T * sum_i B_i``. Split: ``T * sum_i e_i`` for ``m = 1``; else
+  ``max(T * B_b + sum_i e_i - e_b, T * sum_i e_i)`` with ``b`` the bottleneck member - a ring
+  pipeline whose bottleneck never idles, plus one pass of the others to fill or drain; exact
+  for two members with equal micro-batches.
+* Fractional work (a chunk of ``x`` items) is the mean over ``floor(x)`` and ``ceil(x)``.
 * Temporal: ``time(L) + time(R) (+ offload and onload of every component of both sides)``.
 * Spatial: stages ``s_1..s_n`` (nested spatial plans with the same ``chunks`` flatten into one
   pipeline), ``c_s`` = time of stage s on ``f / k`` of the data plus the transfer of its input;
@@ -200,6 +203,16 @@ def _ceil(x: float) -> int:
     return int(math.ceil(x - 1e-9))
 
 
+def _mix(items: float, fn) -> float:
+    """Mean of ``fn`` over the integer shares of a fractional item count: a chunk of ``x``
+    items is ``floor(x)`` or ``ceil(x)`` items in the proportion that averages to ``x``."""
+    lo = int(math.floor(items + 1e-9))
+    p = items - lo
+    if p < 1e-9:
+        return fn(lo)
+    return (1 - p) * fn(lo) + p * fn(lo + 1)
+
+
 def _zip(a: Segments, b: Segments, op) -> Segments:
     """Combine two equally long segment lists device by device."""
     out: List[Tuple[int, float]] = []
@@ -252,8 +265,11 @@ class CostModel:
 
     def _compute(self, plan: Plan, frac: float) -> float:
         if isinstance(plan, Leaf):
-            return plan.stage.rounds * self.call_time(plan.name, plan.stage.items * frac,
-                                                      plan.devices, plan.batch)
+            per_round = _mix(
+                plan.stage.items * frac,
+                lambda n: self.call_time(plan.name, n, plan.devices, plan.batch),
+            )
+            return plan.stage.rounds * per_round
         if isinstance(plan, Cycle):
             return self._cycle_time(plan, frac)
         if isinstance(plan, Temporal):
@@ -279,26 +295,36 @@ class CostModel:
             self._calls[key] = hit
         return hit
 
-    def member_times(self, plan: Cycle, frac: float) -> List[float]:
-        """Seconds each cycle member needs for one micro-batch (incl. its ring input)."""
-        mb = plan.stage.items * frac / plan.micro_batches
+    def member_times(self, plan: Cycle, micro_batch: int) -> List[float]:
+        """Seconds each cycle member needs for one micro-batch of ``micro_batch`` envs
+        (incl. its ring input)."""
         out = []
         ring = plan.stage.ring_bytes
         for i, (member, d) in enumerate(zip(plan.stage.members, plan.member_devices())):
-            t = self.call_time(member, mb, d, _ceil(mb / d))
+            t = self.call_time(member, micro_batch, d, max(1, _ceil(micro_batch / d)))
             if plan.split:
-                t += self.profile.transfer_s(ring[i - 1] * mb)
+                t += self.profile.transfer_s(ring[i - 1] * micro_batch)
             out.append(t)
         return out
 
     def _cycle_time(self, plan: Cycle, frac: float) -> float:
-        e = self.member_times(plan, frac)
-        T, m = plan.stage.rounds, plan.micro_batches
+        return _mix(plan.stage.items * frac, lambda n: self._cycle_items(plan, n))
+
+    def _cycle_items(self, plan: Cycle, items: int) -> float:
+        """Ring time for an integer number of envs: ``r`` micro-batches of ``q + 1`` and
+        ``m - r`` of ``q`` (the simulator's split), each member's busy time per round summed
+        over them."""
+        T, m = plan.stage.rounds, min(plan.micro_batches, max(items, 1))
+        q, r = divmod(items, m)
+        big = self.member_times(plan, q + 1 if r else q)
+        small = self.member_times(plan, q) if q else [0.0] * len(big)
+        busy = [r * b + (m - r) * s for b, s in zip(big, small)]
         if not plan.split:
-            return T * m * sum(e)
+            return T * sum(busy)
         if m == 1:
-            return T * sum(e)
-        return max(T * m * max(e) + sum(e) - max(e), T * sum(e))
+            return T * sum(big)
+        i = max(range(len(busy)), key=busy.__getitem__)
+        return max(T * busy[i] + sum(big) - big[i], T * sum(big))
 
     def swap_time(self, plan: Plan) -> float:
         """Offload + onload seconds of every component of ``plan`` (one switch each way)."""

@@ -9,8 +9,9 @@ one workflow with the device memory, the weight-sync cost and the link speed of 
 was measured on.
 
 Interpolation (the cost model's only view of a profile): time and peak memory are piecewise
-linear in the batch size between profiled points and extended linearly past the last segment
-(or proportionally from the origin when only one point was profiled); results are clamped at 0.
+linear in the batch size between profiled points and extended linearly past the end segments
+(proportionally from the origin when only one point was profiled, and never below proportional
+under the first point); results are clamped at 0.
 
 Data-parallel scaling: on ``d`` devices each device processes ``ceil(items / d)`` items and its
 time is multiplied by ``dp_efficiency ** -log2(d)`` (a fixed efficiency loss per doubling). ``dp_efficiency = 1`` is perfect scaling (simulators, inference);
@@ -38,13 +39,17 @@ GiB = float(1 << 30)
 
 
 def _interp(xs: Tuple[int, ...], ys: Tuple[float, ...], x: float) -> float:
-    """Piecewise-linear interpolation with linear extrapolation, clamped at 0."""
+    """Piecewise-linear interpolation with linear extrapolation; below the first point never
+    less than proportional (``y0 * x / x0``), so small batches never cost nothing."""
     if len(xs) == 1:
         return max(0.0, ys[0] * x / xs[0])
     i = bisect.bisect_left(xs, x)
     i = min(max(i, 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if x < x0:
+        y = max(y, y0 * x / x0)
+    return max(0.0, y)
 
 
 @dataclass(frozen=True)
