@@ -29,7 +29,16 @@ from torch import nn
 from rlinf_embodied.algorithms.utils import sum_to_level
 from rlinf_embodied.config import PolicyConfig
 
-__all__ = ["GREEDY", "SAMPLE", "ActionOutput", "Evaluation", "Policy", "SpaceSpec"]
+__all__ = [
+    "GREEDY",
+    "SAMPLE",
+    "ActionOutput",
+    "Evaluation",
+    "Policy",
+    "SpaceSpec",
+    "check_mode",
+    "obs_tensor",
+]
 
 SAMPLE = "sample"
 """``act`` mode: draw actions from the policy's distribution (training rollouts)."""
