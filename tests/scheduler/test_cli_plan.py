@@ -1,0 +1,59 @@
+"""`plan` backend: stable output, JSON, cached profiles."""
+
+import json
+
+from rlinf_embodied.config import load_config
+from rlinf_embodied.scheduler.auto import auto_plan, profile_config_key
+from rlinf_embodied.scheduler.cli_plan import plan_command
+from rlinf_embodied.scheduler.profiler import save_profile
+from rlinf_embodied.scheduler.profiles import analytic_default_profile
+
+from tests.scheduler import scenarios
+
+JOB = """
+run: {{name: t, output_dir: {out}}}
+env: {{type: maniskill, num_envs: 256}}
+policy: {{type: openvla}}
+trainer: {{rollout_steps: 50}}
+"""
+
+
+def _job(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(out=tmp_path / "runs"))
+    return str(path)
+
+
+def test_plan_output_is_byte_identical_and_names_the_profile(tmp_path):
+    job = _job(tmp_path)
+    a = plan_command(job, 8, False, [])
+    b = plan_command(job, 8, False, [])
+    assert a == b
+    assert "Profile: analytic default" in a and "Chosen:" in a and "Runner-ups:" in a
+    assert plan_command(job, 8, True, []) == plan_command(job, 8, True, [])
+
+
+def test_plan_json_has_placement_and_overrides_apply(tmp_path):
+    out = json.loads(plan_command(_job(tmp_path), 16, True, ["env.num_envs=512"]))
+    assert out["devices"] == 16 and out["workload"]["num_envs"] == 512
+    assert set(out["chosen"]["placement"]["groups"]) == {"env", "rollout", "actor"}
+    assert out["chosen"]["predicted_iteration_s"] > 0
+
+
+def test_cached_profile_in_run_dir_is_used(tmp_path):
+    job = _job(tmp_path)
+    cfg = load_config(job)
+    _, prof = scenarios.embodied_maniskill_like()
+    save_profile(cfg.run.run_dir(), profile_config_key(cfg), prof)
+    text = plan_command(job, 8, False, [])
+    assert "Profile: cached (measured" in text and "Chosen: hybrid" in text
+
+
+def test_auto_plan_returns_runtime_placement_and_report(tmp_path):
+    from rlinf_embodied.runtime.placement import PlacementPlan
+
+    cfg = load_config(_job(tmp_path))
+    placement, report = auto_plan(cfg, 8, tmp_path / "run")
+    PlacementPlan.from_dict(placement).validate(8)
+    assert report["profile"] == analytic_default_profile("maniskill", "openvla").source
+    assert "pipeline_stages" in report["granularity"] and report["predicted_iteration_s"] > 0

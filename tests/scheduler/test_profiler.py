@@ -1,0 +1,84 @@
+"""Profiler: synthetic components, cache round trip, and a real Ray worker group."""
+
+import json
+import time
+
+import pytest
+
+from rlinf_embodied.scheduler.profiler import (
+    PROFILE_FILE,
+    FunctionComponent,
+    WorkerGroupComponent,
+    load_profile,
+    profile_component,
+    profile_workflow,
+    save_profile,
+)
+
+
+def _sleep_env(batch):
+    time.sleep(0.002 + 0.0002 * batch)
+    return 1000.0 * batch  # bytes
+
+
+def test_sleep_component_is_linear_in_batch():
+    prof = profile_component(FunctionComponent("env", _sleep_env, static_bytes=10.0), [1, 16, 64], repeats=2)
+    assert prof.batch_sizes == (1, 16, 64)
+    assert prof.time_s[0] < prof.time_s[1] < prof.time_s[2]
+    assert prof.time(64) == pytest.approx(0.002 + 0.0128, rel=0.5)
+    assert prof.peak_bytes == (1000.0, 16000.0, 64000.0) and prof.static_bytes == 10.0
+
+
+def test_matmul_component_and_cache_round_trip(tmp_path):
+    import torch
+
+    w = torch.randn(64, 64)
+
+    def forward(batch):
+        with torch.no_grad():
+            (torch.randn(batch, 64) @ w).sum()
+
+    moved = []
+    comp = FunctionComponent("rollout", forward, onload=lambda: moved.append("on"),
+                             offload=lambda: moved.append("off"))
+    wf = profile_workflow([comp, FunctionComponent("env", _sleep_env)],
+                          {"rollout": [1, 32], "env": [1, 8]}, device_memory_bytes=1e9,
+                          weight_sync=lambda: None, repeats=1)
+    assert moved.count("on") == 3 and wf.source == "measured"
+    save_profile(tmp_path, "k1", wf)
+    save_profile(tmp_path, "k2", wf)  # other keys are kept
+    assert set(json.loads((tmp_path / PROFILE_FILE).read_text())) == {"k1", "k2"}
+    back = load_profile(tmp_path, "k1")
+    assert back.components == wf.components and back.source.startswith("cached (measured")
+    assert load_profile(tmp_path, "nope") is None
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_corrupt_cache_names_the_fix(tmp_path):
+    (tmp_path / PROFILE_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="delete it to re-profile"):
+        load_profile(tmp_path, "k")
+
+
+def test_worker_group_component_on_real_ray():
+    ray = pytest.importorskip("ray")
+    from rlinf_embodied.runtime.cluster import Cluster
+    from rlinf_embodied.runtime.worker import Worker, WorkerGroup
+
+    class SleepEnv(Worker):
+        def step(self, batch):
+            time.sleep(0.01 + 0.001 * batch)
+            return 100.0 * batch
+
+    cluster = Cluster(num_cpus=2, num_cpu_devices=1, log_to_driver=False)
+    try:
+        group = WorkerGroup(cluster, SleepEnv, "env", devices="0")
+        prof = profile_component(WorkerGroupComponent("env", group, "step"), [1, 20], repeats=2)
+        assert prof.time_s[0] == pytest.approx(0.011, abs=0.01)
+        assert prof.time_s[1] == pytest.approx(0.030, abs=0.015)
+        assert prof.peak_bytes == (100.0, 2000.0)
+        group.shutdown()
+    finally:
+        cluster.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
