@@ -1,0 +1,187 @@
+"""Env registry: named envs and adapters by string entry points, imported lazily.
+
+Two tables:
+
+* **adapters**, one per ``env.type`` (``maniskill``, ``libero``, ``gym``): the
+  :class:`~rlinf_embodied.envs.base.BatchedEnv` class built from an EnvConfig of that type;
+* **named envs** (``register_env``), e.g. ``maniskill/PushCube-v1``: an adapter entry point plus
+  config defaults and a one-line description, listed by ``rlinf-embodied envs list``.
+
+Nothing here imports a simulator; entry points are imported by :func:`make_env`.
+
+Example::
+
+    env = make_env("toy/PointReach-v0", num_envs=8)          # a named env + overrides
+    env = make_env(load_config("configs/x.yaml").env)         # an EnvConfig dataclass
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+__all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "EnvEntry"]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """A named env: ``entry_point`` ("module:Class"), config defaults, a one-line description."""
+
+    id: str
+    entry_point: str
+    description: str
+    defaults: Dict[str, Any] = field(default_factory=dict)
+
+
+_ENVS: Dict[str, EnvEntry] = {}
+_ADAPTERS: Dict[str, Tuple[str, str]] = {}  # type -> (entry point, description)
+
+
+def register_adapter(type_name: str, entry_point: str, description: str = "") -> None:
+    """Register the BatchedEnv class that ``env.type=type_name`` configs build.
+
+    Args:
+        type_name: the config ``type`` (a variant registered with ``register_config("env", ...)``).
+        entry_point: ``"package.module:Class"``; ``Class(cfg)`` builds the env.
+        description: one line for ``rlinf-embodied envs list``.
+    """
+    _ADAPTERS[type_name] = (entry_point, description)
+
+
+def register_env(id: str, entry_point: str = "", description: str = "", **defaults: Any) -> None:
+    """Register a named env.
+
+    Args:
+        id: unique name, ``"<family>/<name>"`` by convention (``maniskill/PushCube-v1``).
+        entry_point: ``"module:Class"`` of the BatchedEnv; empty uses the adapter of
+            ``defaults["type"]``.
+        description: one line for ``rlinf-embodied envs list``.
+        **defaults: EnvConfig field values; must include ``type``.
+
+    Raises:
+        ValueError: missing ``type``, or ``id`` already registered with other values.
+    """
+    if "type" not in defaults:
+        raise ValueError(f"register_env({id!r}) needs type=... (an env config type, e.g. 'gym').")
+    entry = EnvEntry(id, entry_point or "", description, dict(defaults))
+    if id in _ENVS and _ENVS[id] != entry:
+        raise ValueError(f"Env id {id!r} is already registered with different values.")
+    _ENVS[id] = entry
+
+
+def env_ids() -> List[str]:
+    """All registered env ids, sorted."""
+    return sorted(_ENVS)
+
+
+def _load(entry_point: str) -> Any:
+    module, _, attr = entry_point.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _unknown(kind: str, name: str, known: List[str], fix: str) -> KeyError:
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return KeyError(f"Unknown {kind} {name!r}.{hint} {fix}")
+
+
+def make_env(cfg: Any, **overrides: Any):
+    """Build a BatchedEnv from an EnvConfig dataclass or a registered env id.
+
+    Args:
+        cfg: an EnvConfig (``rlinf_embodied.config``), or a registered id such as
+            ``"maniskill/PushCube-v1"``.
+        **overrides: EnvConfig field values (e.g. ``num_envs=4``); with an EnvConfig they
+            replace its fields (``dataclasses.replace``, so checks run again).
+
+    Returns:
+        The env, wrapped in :class:`~rlinf_embodied.envs.wrappers.video.VideoRecorder` when
+        ``cfg.video`` is set.
+
+    Raises:
+        KeyError: unknown id or env type (with close matches).
+        rlinf_embodied.config.ConfigError: invalid field values.
+    """
+    from rlinf_embodied.config import config_class
+
+    entry_point = ""
+    if isinstance(cfg, str):
+        if cfg not in _ENVS:
+            raise _unknown("env id", cfg, env_ids(),
+                           "Run `rlinf-embodied envs list` for the registered ids.")
+        entry = _ENVS[cfg]
+        values = {**entry.defaults, **overrides}
+        cls = config_class("env", values["type"])
+        cfg = cls(**values)
+        entry_point = entry.entry_point
+    elif overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    if not entry_point:
+        if cfg.type not in _ADAPTERS:
+            raise _unknown("env type", cfg.type, sorted(_ADAPTERS),
+                           "Set env.type to one of the adapters.")
+        entry_point = _ADAPTERS[cfg.type][0]
+    env = _load(entry_point)(cfg)
+    if getattr(cfg, "video", False):
+        from .wrappers.video import VideoRecorder
+
+        env = VideoRecorder(env, cfg.video_dir)
+    return env
+
+
+def describe_envs() -> List[Tuple[str, str]]:
+    """``(id, one-line description)`` for ``rlinf-embodied envs list``: named envs, then adapters.
+
+    Adapter rows are patterns (``maniskill/<ManiSkill3 id>``): any id of the simulator works
+    through ``env.type`` and ``env.env_id`` / ``env.suite``.
+    """
+    rows = [(e.id, e.description) for e in sorted(_ENVS.values(), key=lambda e: e.id)]
+    patterns = {"maniskill": "maniskill/<any ManiSkill3 id>", "gym": "gym/<any gymnasium id or module:Class>"}
+    for type_name, (_, description) in sorted(_ADAPTERS.items()):
+        if type_name in patterns:
+            rows.append((patterns[type_name], description))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Built-in registrations (strings only: nothing is imported here)
+# --------------------------------------------------------------------------------------------
+register_adapter("maniskill", "rlinf_embodied.envs.maniskill:ManiSkillEnv",
+                 "env.type=maniskill env.env_id=<id>: SAPIEN GPU physics on CUDA, physx_cpu pool otherwise")
+register_adapter("libero", "rlinf_embodied.envs.libero:LiberoEnv",
+                 "env.type=libero env.suite=<suite> env.task_ids=[...]")
+register_adapter("gym", "rlinf_embodied.envs.gymnasium_env:GymnasiumEnv",
+                 "env.type=gym env.env_id=<id or module:Class> env.kwargs={...}")
+
+_MANISKILL = {
+    "PushCube-v1": "push a cube to a goal region (ManiSkill3, Panda)",
+    "PickCube-v1": "pick up a cube and move it to a goal position (ManiSkill3, Panda)",
+    "StackCube-v1": "stack the red cube on the green cube (ManiSkill3, Panda)",
+    "PullCube-v1": "pull a cube back to a goal region (ManiSkill3, Panda)",
+    "PegInsertionSide-v1": "insert a peg into a box's side hole (ManiSkill3, Panda)",
+    "PushT-v1": "push a T-shaped block onto a T-shaped goal (ManiSkill3)",
+}
+for _id, _text in _MANISKILL.items():
+    register_env(f"maniskill/{_id}", description=_text, type="maniskill", env_id=_id)
+
+_LIBERO = {
+    "libero_spatial": "LIBERO-Spatial: 10 tasks, same objects, different layouts (220 steps)",
+    "libero_object": "LIBERO-Object: 10 pick-and-place tasks over different objects (280 steps)",
+    "libero_goal": "LIBERO-Goal: 10 tasks, same scene, different goals (300 steps)",
+    "libero_10": "LIBERO-10 (LIBERO-Long): 10 long-horizon tasks (520 steps)",
+    "libero_90": "LIBERO-90: 90 short tasks over 20 scenes (400 steps)",
+}
+for _suite, _text in _LIBERO.items():
+    register_env(f"libero/{_suite}", description=_text, type="libero", suite=_suite)
+
+register_env("toy/PointReach-v0", type="gym", env_id="toy/PointReach-v0",
+             description="2-D point reaching a target; continuous actions, state obs, learnable in ~20k steps")
+register_env("toy/Countdown-v0", type="gym", env_id="toy/Countdown-v0",
+             description="deterministic step counter for exact-value tests (reward t, ends at t=length)")
+register_env("gym/CartPole-v1", type="gym", env_id="CartPole-v1",
+             description="gymnasium CartPole (Discrete actions as A=1 integers)")
+register_env("gym/Pendulum-v1", type="gym", env_id="Pendulum-v1",
+             description="gymnasium Pendulum (Box actions)")
