@@ -1,0 +1,165 @@
+"""``rlinf-embodied eval``: evaluate a policy under a named protocol; ``eval compare A B``.
+
+Wire into the main CLI with ``app.add_typer(eval_app, name="eval")``. The group's callback
+runs the evaluation when no subcommand is given, so both of these work::
+
+    rlinf-embodied eval --env libero --suite libero_spatial --policy runs/x --tasks 0,3
+    rlinf-embodied eval compare a.json b.json [--force]
+    rlinf-embodied eval protocols
+
+Importing this module imports typer only; the machinery is imported when a command runs.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+__all__ = ["eval_app", "eval_command", "compare_command", "protocols_command", "parse_tasks"]
+
+eval_app = typer.Typer(
+    help="Evaluate a policy under a named, versioned protocol (LIBERO, ManiSkill, gymnasium).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def parse_tasks(text: Optional[str]) -> Optional[List[int]]:
+    """``"0,3,5"`` or ``"0-4"`` -> task ids; None or ``"all"`` -> None (every task).
+
+    Raises:
+        ValueError: for anything else, with the accepted forms.
+    """
+    if text is None or text.strip().lower() == "all":
+        return None
+    out: List[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise ValueError(
+            f"--tasks {text!r} is not a list of task ids; use e.g. 0,3 or 0-4 or all."
+        ) from None
+    return out
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_command(
+    ctx: typer.Context,
+    env: Optional[str] = typer.Option(None, "--env", help="libero, maniskill or gym."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="LIBERO suite, e.g. libero_spatial."),
+    task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1."),
+    policy: Optional[str] = typer.Option(
+        None, "--policy",
+        help="Run or checkpoint directory, published OpenVLA/OFT directory, 'random', or "
+             "module:function."),
+    protocol: Optional[str] = typer.Option(
+        None, "--protocol", help="Protocol name (default: openvla_v1 / maniskill_fair_v1 / "
+                                 "seeded_v1); see `eval protocols`."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="LIBERO task ids: 0,3 or 0-4 (default all)."),
+    trials_per_task: Optional[int] = typer.Option(
+        None, "--trials-per-task", help="Trials 0..n-1 of each task (default: the protocol's)."),
+    num_envs: int = typer.Option(8, "--num-envs", help="Envs run concurrently (results do not depend on it)."),
+    num_processes: Optional[int] = typer.Option(
+        None, "--num-processes", help="Env pool processes (default min(num_envs, CPUs); 0 = in-process)."),
+    video: str = typer.Option("none", "--video", help="none, failures or all."),
+    output: str = typer.Option("results.json", "--output", "-o", help="Results JSON (resumed if it exists)."),
+    obs_mode: str = typer.Option("auto", "--obs-mode", help="rgb, state or auto."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override the protocol's max steps (recorded)."),
+    num_settle_steps: Optional[int] = typer.Option(
+        None, "--num-settle-steps", help="Override the protocol's settle steps (recorded)."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="Override the protocol's image size (recorded)."),
+    policy_type: Optional[str] = typer.Option(
+        None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write .md/.png/.html beside the results."),
+) -> None:
+    """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if env is None or policy is None:
+        typer.echo(ctx.get_help())
+        _fail("--env and --policy are required (e.g. --env libero --suite libero_spatial "
+              "--policy random).")
+    from rlinf_embodied.eval.protocols import ProtocolError
+    from rlinf_embodied.eval.results import ResultsError
+    from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate
+    from rlinf_embodied.eval.sources import PolicySourceError
+
+    def progress(done: int, total: int, ep) -> None:
+        status = "ok  " if ep.success else ("ERR " if ep.error else "fail")
+        typer.echo(f"[{done}/{total}] task {ep.task} trial {ep.trial}: {status} "
+                   f"{ep.steps} steps" + (f"  {ep.error}" if ep.error else ""), err=True)
+
+    try:
+        req = EvalRequest(
+            env=env, policy=policy, suite=suite, task=task, protocol=protocol,
+            tasks=parse_tasks(tasks), trials_per_task=trials_per_task, num_envs=num_envs,
+            num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
+            max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
+            policy_type=policy_type, device=device, reports=report, progress=progress,
+        )
+        results = evaluate(req)
+    except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; finished episodes are in {output}; run the same command to "
+                   "resume.", err=True)
+        raise typer.Exit(130)
+    from rlinf_embodied.eval.report import markdown_table
+
+    typer.echo(markdown_table(results))
+    typer.echo(f"results: {results.path}")
+
+
+@eval_app.command("compare")
+def compare_command(
+    a: str = typer.Argument(..., help="Baseline results JSON."),
+    b: str = typer.Argument(..., help="Results JSON compared with the baseline."),
+    force: bool = typer.Option(False, "--force", help="Compare even across protocols/suites."),
+    json_output: Optional[str] = typer.Option(None, "--json", help="Also write the comparison as JSON here."),
+) -> None:
+    """Per-task differences and McNemar's paired test over shared (task, trial) pairs."""
+    from rlinf_embodied.eval.report import CompareError, compare, format_comparison
+    from rlinf_embodied.eval.results import ResultsError
+
+    try:
+        c = compare(a, b, force=force)
+    except (CompareError, ResultsError) as e:
+        _fail(str(e))
+    typer.echo(format_comparison(c), nl=False)
+    if json_output:
+        from rlinf_embodied.checkpoint import atomic_write_json
+
+        atomic_write_json(json_output, c.to_dict())
+
+
+@eval_app.command("protocols")
+def protocols_command() -> None:
+    """List the registered evaluation protocols."""
+    from rlinf_embodied.eval.protocols import get_protocol, protocol_names
+
+    for name in protocol_names():
+        p = get_protocol(name)
+        steps = ", ".join(f"{k} {v}" for k, v in p.max_steps.items()) or "env default"
+        typer.echo(f"{p.id:<22} [{p.env}] {p.description}\n{'':<23}max steps: {steps}; settle "
+                   f"{p.num_settle_steps}; {p.trials_per_task} trials/task; image "
+                   f"{p.image_size}{' rotated 180' if p.rotate_180 else ''}; seeds "
+                   f"{p.global_seed}/{p.env_seed}; requires {dict(p.requires)}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    eval_app()

