@@ -83,7 +83,7 @@ class CountdownEnv(gym.Env):
     filled with t % 256, "wrist": filled with 255 - t % 256}``.
 
     **Reward**: ``t`` after the t-th step (1, 2, 3, ...). **Termination**: at ``t == length``
-    (never when ``terminate=False``). **Success**: ``info["success"] = t >= success_at``
+    (never when ``terminate=False``; ``reset(options={"length": L})`` sets it for one episode). **Success**: ``info["success"] = t >= success_at``
     (default ``length``).
 
     **Fault injection** (pool tests), constructor arguments or per-episode reset options of the
@@ -110,7 +110,7 @@ class CountdownEnv(gym.Env):
         else:
             self.observation_space = state
         self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
-        self._t, self._start, self._a0 = 0, 0, 0.0
+        self._t, self._start, self._a0, self._length = 0, 0, 0.0, length
 
     def _obs(self):
         state = np.array([self._t, self._start, self._a0], np.float32)
@@ -128,6 +128,7 @@ class CountdownEnv(gym.Env):
         options = options or {}
         self._faults = {k: options.get(k, v) for k, v in self._default_faults.items()}
         self._t, self._a0 = 0, 0.0
+        self._length = int(options.get("length", self.length))
         self._start = int(options.get("start", self.np_random.integers(0, 10**6)))
         return self._obs(), {"success": False}
 
@@ -141,5 +142,5 @@ class CountdownEnv(gym.Env):
             time.sleep(f["hang_s"])
         if f["crash_at_step"] is not None and self._t == f["crash_at_step"]:
             os._exit(3)
-        terminated = self.terminate and self._t >= self.length
+        terminated = self.terminate and self._t >= self._length
         return self._obs(), float(self._t), terminated, False, {"success": self._t >= self.success_at}
