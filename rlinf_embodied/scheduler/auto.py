@@ -12,8 +12,9 @@ This is the API ``train ... placement=auto`` and ``plan`` use:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any
 
 from rlinf_embodied.scheduler.graph import WorkflowGraph, embodied_graph
 from rlinf_embodied.scheduler.planner import (
@@ -35,12 +36,12 @@ from rlinf_embodied.scheduler.profiler import (
 from rlinf_embodied.scheduler.profiles import WorkflowProfile, analytic_default_profile
 
 __all__ = [
-    "graph_from_config",
-    "profile_config_key",
-    "profile_for_config",
-    "plan_config",
     "auto_plan",
     "default_batch_sizes",
+    "graph_from_config",
+    "plan_config",
+    "profile_config_key",
+    "profile_for_config",
 ]
 
 
@@ -72,7 +73,7 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
     )
 
 
-def profile_config_key(cfg: Any, hardware: Optional[str] = None) -> str:
+def profile_config_key(cfg: Any, hardware: str | None = None) -> str:
     """Cache key of the profile: what changes per-call costs (env and policy sections)."""
     from rlinf_embodied.config import as_dict
 
@@ -82,7 +83,7 @@ def profile_config_key(cfg: Any, hardware: Optional[str] = None) -> str:
     return cache_key(relevant, hardware)
 
 
-def profile_for_config(cfg: Any, run_dir: Optional[str | Path]) -> WorkflowProfile:
+def profile_for_config(cfg: Any, run_dir: str | Path | None) -> WorkflowProfile:
     """The cached profile of this config on this hardware, else the analytic default.
 
     ``profile.source`` tells which one was used (``cached (...)`` or ``analytic default ...``).
@@ -124,10 +125,10 @@ def auto_plan(
     job_cfg: Any,
     cluster: Any,
     run_dir: str | Path,
-    components: Optional[Sequence[Component]] = None,
-    device_memory_bytes: Optional[float] = None,
+    components: Sequence[Component] | None = None,
+    device_memory_bytes: float | None = None,
     weight_sync: Any = None,
-) -> Tuple[dict, dict]:
+) -> tuple[dict, dict]:
     """Profile (if needed), plan, and return the placement for ``train ... placement=auto``.
 
     Order of profile sources: the cache in ``run_dir`` for (config, hardware); else measure

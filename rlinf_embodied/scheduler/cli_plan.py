@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 from rlinf_embodied.scheduler.auto import graph_from_config, plan_config, profile_for_config
 from rlinf_embodied.scheduler.planner import report_json, report_text
 
@@ -22,7 +20,7 @@ def _default_devices(cfg) -> int:
 
 
 def plan_command(
-    config_path: str, devices: Optional[int], as_json: bool, overrides: List[str]
+    config_path: str, devices: int | None, as_json: bool, overrides: list[str]
 ) -> str:
     """Plan a job and return the report to print.
 

@@ -42,23 +42,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Union
 
 from rlinf_embodied.scheduler.graph import Stage
 from rlinf_embodied.scheduler.profiles import GiB, WorkflowProfile
 
 __all__ = [
-    "Leaf",
-    "Cycle",
-    "Temporal",
-    "Spatial",
-    "Plan",
     "CostModel",
-    "even_split",
+    "Cycle",
+    "Leaf",
+    "Plan",
+    "Spatial",
+    "Temporal",
     "assign_devices",
-    "plan_mode",
     "components_of",
     "describe",
+    "even_split",
+    "plan_mode",
 ]
 
 
@@ -99,7 +99,7 @@ class Cycle:
     split: bool
     micro_batches: int
 
-    def member_devices(self) -> Tuple[int, ...]:
+    def member_devices(self) -> tuple[int, ...]:
         """Devices per member (split) or the shared count repeated."""
         k = len(self.stage.members)
         return even_split(self.devices, k) if self.split else (self.devices,) * k
@@ -109,8 +109,8 @@ class Cycle:
 class Temporal:
     """``left`` then ``right`` on the same devices; ``offload`` swaps them in and out."""
 
-    left: "Plan"
-    right: "Plan"
+    left: Plan
+    right: Plan
     offload: bool
 
     @property
@@ -122,8 +122,8 @@ class Temporal:
 class Spatial:
     """``left`` and ``right`` on disjoint devices, data streamed in ``chunks`` chunks."""
 
-    left: "Plan"
-    right: "Plan"
+    left: Plan
+    right: Plan
     chunks: int
 
     @property
@@ -132,17 +132,17 @@ class Spatial:
 
 
 Plan = Union[Leaf, Cycle, Temporal, Spatial]
-Segments = Tuple[Tuple[int, float], ...]
+Segments = tuple[tuple[int, float], ...]
 """Per-device memory as runs ``(device count, bytes per device)`` in device order."""
 
 
-def even_split(total: int, parts: int) -> Tuple[int, ...]:
+def even_split(total: int, parts: int) -> tuple[int, ...]:
     """``total`` split into ``parts`` integers differing by at most one, larger ones first."""
     q, r = divmod(total, parts)
     return tuple(q + 1 if i < r else q for i in range(parts))
 
 
-def components_of(plan: Plan) -> List[str]:
+def components_of(plan: Plan) -> list[str]:
     """Worker group names in the plan, left to right."""
     if isinstance(plan, Leaf):
         return [plan.name]
@@ -151,9 +151,9 @@ def components_of(plan: Plan) -> List[str]:
     return components_of(plan.left) + components_of(plan.right)
 
 
-def spatial_stages(plan: Spatial) -> List[Plan]:
+def spatial_stages(plan: Spatial) -> list[Plan]:
     """Pipeline stages of a spatial plan; nested spatial plans with equal chunks flatten."""
-    out: List[Plan] = []
+    out: list[Plan] = []
     for side in (plan.left, plan.right):
         if isinstance(side, Spatial) and side.chunks == plan.chunks:
             out.extend(spatial_stages(side))
@@ -169,7 +169,7 @@ def first_stage(plan: Plan) -> Stage:
     return plan.stage
 
 
-def assign_devices(plan: Plan, start: int = 0) -> Dict[str, Tuple[int, int]]:
+def assign_devices(plan: Plan, start: int = 0) -> dict[str, tuple[int, int]]:
     """Worker group -> (first, last) global device id, contiguous ranges from ``start``."""
     if isinstance(plan, Leaf):
         return {plan.name: (start, start + plan.devices - 1)}
@@ -215,7 +215,7 @@ def _mix(items: float, fn) -> float:
 
 def _zip(a: Segments, b: Segments, op) -> Segments:
     """Combine two equally long segment lists device by device."""
-    out: List[Tuple[int, float]] = []
+    out: list[tuple[int, float]] = []
     ia = ib = 0
     ra, rb = a[0][0], b[0][0]
     while ia < len(a):
@@ -246,9 +246,9 @@ class CostModel:
 
     def __init__(self, profile: WorkflowProfile):
         self.profile = profile
-        self._time: Dict[Tuple[Plan, float], float] = {}
-        self._calls: Dict[tuple, float] = {}
-        self._memory: Dict[Plan, Segments] = {}
+        self._time: dict[tuple[Plan, float], float] = {}
+        self._calls: dict[tuple, float] = {}
+        self._memory: dict[Plan, Segments] = {}
 
     # ---------------------------------------------------------------------------- time
     def iteration_time(self, plan: Plan) -> float:
@@ -295,7 +295,7 @@ class CostModel:
             self._calls[key] = hit
         return hit
 
-    def member_times(self, plan: Cycle, micro_batch: int) -> List[float]:
+    def member_times(self, plan: Cycle, micro_batch: int) -> list[float]:
         """Seconds each cycle member needs for one micro-batch of ``micro_batch`` envs
         (incl. its ring input)."""
         out = []
@@ -364,7 +364,7 @@ class CostModel:
         """Largest per-device peak of ``plan`` in bytes."""
         return max(v for _, v in self.memory(plan))
 
-    def infeasible_reason(self, plan: Plan) -> Optional[str]:
+    def infeasible_reason(self, plan: Plan) -> str | None:
         """None when ``plan`` fits in device memory, else a sentence naming the overflow."""
         limit = self.profile.device_memory_bytes
         peak = self.peak_memory(plan)
@@ -381,7 +381,7 @@ def _fmt_range(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def describe(plan: Plan, ranges: Optional[Dict[str, Tuple[int, int]]] = None) -> str:
+def describe(plan: Plan, ranges: dict[str, tuple[int, int]] | None = None) -> str:
     """One line: groups with device ranges, e.g. ``env@0-3 rollout@4-7 actor@0-7``."""
     ranges = ranges or assign_devices(plan)
     return " ".join(f"{n}@{_fmt_range(*ranges[n])}" for n in components_of(plan))

@@ -11,10 +11,10 @@ ignored for cycles and cuts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
 
-__all__ = ["Node", "Edge", "Stage", "WorkflowGraph", "embodied_graph", "chain_graph"]
+__all__ = ["Edge", "Node", "Stage", "WorkflowGraph", "chain_graph", "embodied_graph"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,11 @@ class Stage:
             (``ring_bytes[i]`` goes from ``members[i]`` to the next member).
     """
 
-    members: Tuple[str, ...]
+    members: tuple[str, ...]
     items: int
     rounds: int
     in_bytes: float = 0.0
-    ring_bytes: Tuple[float, ...] = ()
+    ring_bytes: tuple[float, ...] = ()
 
     @property
     def is_cycle(self) -> bool:
@@ -94,8 +94,8 @@ class WorkflowGraph:
             different ``items``/``rounds`` (a cycle exchanges one item per member per round).
     """
 
-    nodes: Tuple[Node, ...]
-    edges: Tuple[Edge, ...] = ()
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...] = ()
 
     def __post_init__(self):
         names = [n.name for n in self.nodes]
@@ -113,20 +113,20 @@ class WorkflowGraph:
                 return n
         raise KeyError(f"No node {name!r}; nodes: {[n.name for n in self.nodes]}.")
 
-    def _data_edges(self) -> List[Edge]:
+    def _data_edges(self) -> list[Edge]:
         return [e for e in self.edges if e.kind == "data"]
 
-    def _components(self) -> List[List[str]]:
+    def _components(self) -> list[list[str]]:
         """Strongly connected components (Tarjan), members in declaration order."""
         order = {n.name: i for i, n in enumerate(self.nodes)}
-        succ: Dict[str, List[str]] = {n.name: [] for n in self.nodes}
+        succ: dict[str, list[str]] = {n.name: [] for n in self.nodes}
         for e in self._data_edges():
             succ[e.src].append(e.dst)
-        index: Dict[str, int] = {}
-        low: Dict[str, int] = {}
-        stack: List[str] = []
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
         on_stack: set = set()
-        comps: List[List[str]] = []
+        comps: list[list[str]] = []
 
         def visit(v: str) -> None:
             index[v] = low[v] = len(index)
@@ -153,23 +153,23 @@ class WorkflowGraph:
                 visit(n.name)
         return comps
 
-    def stages(self) -> Tuple[Stage, ...]:
+    def stages(self) -> tuple[Stage, ...]:
         """Collapsed graph in topological order (ties broken by declaration order)."""
         comps = self._components()
         where = {m: i for i, c in enumerate(comps) for m in c}
-        preds: Dict[int, set] = {i: set() for i in range(len(comps))}
+        preds: dict[int, set] = {i: set() for i in range(len(comps))}
         for e in self._data_edges():
             a, b = where[e.src], where[e.dst]
             if a != b:
                 preds[b].add(a)
         decl = {n.name: i for i, n in enumerate(self.nodes)}
-        done: List[int] = []
+        done: list[int] = []
         while len(done) < len(comps):
             ready = [i for i in preds if i not in done and preds[i] <= set(done)]
             done.append(min(ready, key=lambda i: decl[comps[i][0]]))
         return tuple(self._stage(comps[i], where, i) for i in done)
 
-    def _stage(self, members: Sequence[str], where: Dict[str, int], idx: int) -> Stage:
+    def _stage(self, members: Sequence[str], where: dict[str, int], idx: int) -> Stage:
         nodes = [self.node(m) for m in members]
         if len({(n.items, n.rounds) for n in nodes}) > 1:
             raise ValueError(
@@ -181,7 +181,7 @@ class WorkflowGraph:
             for e in self._data_edges()
             if where[e.dst] == idx and where[e.src] != idx
         )
-        ring: Tuple[float, ...] = ()
+        ring: tuple[float, ...] = ()
         if len(members) > 1:
             inner = {(e.src, e.dst): e.bytes_per_item for e in self._data_edges()}
             ring = tuple(
@@ -231,7 +231,7 @@ def embodied_graph(
     )
 
 
-def chain_graph(items: Dict[str, int], bytes_per_item: float = 0.0) -> WorkflowGraph:
+def chain_graph(items: dict[str, int], bytes_per_item: float = 0.0) -> WorkflowGraph:
     """A linear workflow ``a -> b -> c`` (e.g. reasoning: rollout -> inference -> actor).
 
     Args:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from rlinf_embodied.scheduler.cost_model import (
     CostModel,
@@ -43,9 +43,9 @@ __all__ = [
     "Candidate",
     "PlanResult",
     "PlannerOptions",
-    "search",
-    "placement_dict",
     "granularity",
+    "placement_dict",
+    "search",
 ]
 
 MODES = ("temporal", "spatial", "hybrid")
@@ -62,8 +62,8 @@ class PlannerOptions:
             ones search coarse to fine (see :func:`_split_candidates`).
     """
 
-    micro_batch_options: Tuple[int, ...] = (1, 2, 4, 8)
-    chunk_options: Tuple[int, ...] = (1, 2, 4, 8)
+    micro_batch_options: tuple[int, ...] = (1, 2, 4, 8)
+    chunk_options: tuple[int, ...] = (1, 2, 4, 8)
     exhaustive_devices: int = 128
 
 
@@ -100,18 +100,18 @@ class PlanResult:
 
     devices: int
     best: Candidate
-    by_mode: Dict[str, Candidate]
-    alternatives: List[Candidate]
-    rejected: Dict[str, str]
+    by_mode: dict[str, Candidate]
+    alternatives: list[Candidate]
+    rejected: dict[str, str]
     search_s: float
     profile_source: str
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def placement(self) -> dict:
         """The chosen plan in the runtime's placement YAML shape."""
         return placement_dict(self.best.plan)
 
-    def runner_ups(self, n: int = 4) -> List[Candidate]:
+    def runner_ups(self, n: int = 4) -> list[Candidate]:
         """Best plan of each other mode, then the next alternatives, up to ``n``."""
         out = [c for m, c in sorted(self.by_mode.items()) if c is not self.best]
         out.sort(key=lambda c: c.time_s)
@@ -165,27 +165,27 @@ def _compose_mode(kind: str, a: str, b: str) -> str:
 
 class _Search:
     def __init__(self, graph: WorkflowGraph, profile: WorkflowProfile, options: PlannerOptions):
-        self.stages: Tuple[Stage, ...] = graph.stages()
+        self.stages: tuple[Stage, ...] = graph.stages()
         self.cost = CostModel(profile)
         self.opts = options
         self.limit = profile.device_memory_bytes
-        self.memo: Dict[Tuple[int, int, int], Tuple[Dict[str, Tuple[float, Plan]], Dict[str, str]]] = {}
+        self.memo: dict[tuple[int, int, int], tuple[dict[str, tuple[float, Plan]], dict[str, str]]] = {}
 
     def fits(self, plan: Plan) -> bool:
         return self.cost.peak_memory(plan) <= self.limit
 
-    def _offer(self, best: Dict[str, Tuple[float, Plan]], mode: str, plan: Plan) -> None:
+    def _offer(self, best: dict[str, tuple[float, Plan]], mode: str, plan: Plan) -> None:
         t = self.cost.time(plan)
         if mode not in best or t < best[mode][0]:
             best[mode] = (t, plan)
 
-    def solve(self, i: int, j: int, d: int, collect: Optional[list] = None):
+    def solve(self, i: int, j: int, d: int, collect: list | None = None):
         """Best plan per mode for stages i..j on d devices, and reasons for missing modes."""
         key = (i, j, d)
         if collect is None and key in self.memo:
             return self.memo[key]
-        best: Dict[str, Tuple[float, Plan]] = {}
-        why: Dict[str, str] = {}
+        best: dict[str, tuple[float, Plan]] = {}
+        why: dict[str, str] = {}
         if i == j:
             self._single(self.stages[i], d, best, why)
         else:
@@ -269,7 +269,7 @@ class _Search:
             split(dl)
 
 
-def _split_candidates(d: int, exhaustive: int, evaluate) -> List[int]:
+def _split_candidates(d: int, exhaustive: int, evaluate) -> list[int]:
     """Device counts for the left side of a spatial cut of ``d`` devices.
 
     Every split up to ``exhaustive`` devices; beyond, a coarse grid of about ``exhaustive``
@@ -332,7 +332,7 @@ def search(
     ranked = sorted(
         {p: s.cost.time(p) for m, p in roots if s.fits(p)}.items(), key=lambda kv: kv[1]
     )
-    top: List[Plan] = [p for p, _ in ranked[:8]]
+    top: list[Plan] = [p for p, _ in ranked[:8]]
     seen_modes = set()
     for p, _ in ranked:  # plus the fastest of every mode
         mode = plan_mode(p)
@@ -345,7 +345,7 @@ def search(
     cands = sorted(
         (_candidate(s.cost, p) for p in top), key=lambda c: (round(c.time_s, 12), describe(c.plan))
     )
-    by_mode: Dict[str, Candidate] = {}
+    by_mode: dict[str, Candidate] = {}
     for c in cands:
         by_mode.setdefault(c.mode, c)
     rejected = {
@@ -420,7 +420,7 @@ def _why(result: PlanResult) -> str:
     return f"{b.mode} is fastest; " + ("; ".join(parts) or "no other mode applies") + "."
 
 
-def report_json(result: PlanResult, extra: Optional[dict] = None) -> str:
+def report_json(result: PlanResult, extra: dict | None = None) -> str:
     """The report as canonical JSON (sorted keys; deterministic)."""
 
     def cand(c: Candidate) -> dict:

@@ -17,24 +17,25 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rlinf_embodied.scheduler.profiles import ComponentProfile, WorkflowProfile
 
 __all__ = [
-    "Measurement",
+    "PROFILE_FILE",
     "Component",
     "FunctionComponent",
+    "Measurement",
     "WorkerGroupComponent",
+    "cache_key",
+    "hardware_fingerprint",
+    "load_profile",
     "profile_component",
     "profile_workflow",
-    "hardware_fingerprint",
-    "cache_key",
-    "PROFILE_FILE",
     "save_profile",
-    "load_profile",
 ]
 
 PROFILE_FILE = "scheduler_profile.json"
@@ -87,8 +88,8 @@ class FunctionComponent:
         self,
         name: str,
         run: Callable[[int], Any],
-        onload: Optional[Callable[[], Any]] = None,
-        offload: Optional[Callable[[], Any]] = None,
+        onload: Callable[[], Any] | None = None,
+        offload: Callable[[], Any] | None = None,
         static_bytes: float = 0.0,
         shard_static: bool = False,
         dp_efficiency: float = 1.0,
@@ -114,7 +115,7 @@ class FunctionComponent:
         return _timed(self._offload)
 
 
-def _timed(fn: Optional[Callable[[], Any]]) -> float:
+def _timed(fn: Callable[[], Any] | None) -> float:
     if fn is None:
         return 0.0
     t0 = time.perf_counter()
@@ -148,8 +149,8 @@ class WorkerGroupComponent:
         name: str,
         group: Any,
         method: str,
-        onload_method: Optional[str] = None,
-        offload_method: Optional[str] = None,
+        onload_method: str | None = None,
+        offload_method: str | None = None,
         static_bytes: float = 0.0,
         shard_static: bool = False,
         dp_efficiency: float = 1.0,
@@ -233,11 +234,11 @@ def profile_workflow(
     components: Sequence[Component],
     batch_sizes: Mapping[str, Sequence[int]],
     device_memory_bytes: float,
-    weight_sync: Optional[Callable[[], Any]] = None,
+    weight_sync: Callable[[], Any] | None = None,
     repeats: int = 3,
     warmup: int = 1,
     link_bandwidth_Bps: float = 10e9,
-    hardware: Optional[str] = None,
+    hardware: str | None = None,
 ) -> WorkflowProfile:
     """Profile every component and the weight sync.
 
@@ -286,7 +287,7 @@ def hardware_fingerprint() -> str:
     return f"cpu x{os.cpu_count()}: {platform.machine()} {platform.processor() or ''}".strip()
 
 
-def cache_key(config: Mapping[str, Any], hardware: Optional[str] = None) -> str:
+def cache_key(config: Mapping[str, Any], hardware: str | None = None) -> str:
     """Hex digest identifying (the profile-relevant config, hardware)."""
     blob = json.dumps({"config": config, "hardware": hardware or hardware_fingerprint()},
                       sort_keys=True, default=str)
@@ -312,7 +313,7 @@ def save_profile(run_dir: str | os.PathLike, key: str, profile: WorkflowProfile)
     return path
 
 
-def load_profile(run_dir: str | os.PathLike, key: str) -> Optional[WorkflowProfile]:
+def load_profile(run_dir: str | os.PathLike, key: str) -> WorkflowProfile | None:
     """The profile cached under ``key`` in ``run_dir``, or None."""
     entry = _read_entries(Path(run_dir) / PROFILE_FILE).get(key)
     if entry is None:

@@ -24,21 +24,21 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, Mapping, Tuple
 
 __all__ = [
     "ComponentProfile",
-    "WorkflowProfile",
     "GiB",
-    "analytic_default_profile",
+    "WorkflowProfile",
     "affine_profile",
+    "analytic_default_profile",
 ]
 
 GiB = float(1 << 30)
 
 
-def _interp(xs: Tuple[int, ...], ys: Tuple[float, ...], x: float) -> float:
+def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     """Piecewise-linear interpolation with linear extrapolation; below the first point never
     less than proportional (``y0 * x / x0``), so small batches never cost nothing."""
     if len(xs) == 1:
@@ -80,9 +80,9 @@ class ComponentProfile:
     """
 
     name: str
-    batch_sizes: Tuple[int, ...]
-    time_s: Tuple[float, ...]
-    peak_bytes: Tuple[float, ...]
+    batch_sizes: tuple[int, ...]
+    time_s: tuple[float, ...]
+    peak_bytes: tuple[float, ...]
     static_bytes: float = 0.0
     shard_static: bool = False
     onload_s: float = 0.0
@@ -139,7 +139,7 @@ class ComponentProfile:
         """Multiplier of per-device time on ``devices`` data-parallel devices (>= 1)."""
         return self.dp_efficiency ** (-math.log2(devices)) if devices > 1 else 1.0
 
-    def scaled(self, time_factor: float = 1.0, memory_factor: float = 1.0) -> "ComponentProfile":
+    def scaled(self, time_factor: float = 1.0, memory_factor: float = 1.0) -> ComponentProfile:
         """This profile on other hardware: times and memory multiplied (section 5.2 style
         planning of clusters this machine cannot hold)."""
         return replace(
@@ -191,7 +191,7 @@ class WorkflowProfile:
 
     def scaled(
         self, time_factor: float = 1.0, device_memory_bytes: float | None = None
-    ) -> "WorkflowProfile":
+    ) -> WorkflowProfile:
         """The same workflow on other hardware: every time multiplied by ``time_factor``,
         optionally another device memory (paper section 5.2 scale studies)."""
         return replace(
@@ -209,7 +209,7 @@ class WorkflowProfile:
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "WorkflowProfile":
+    def from_json(cls, text: str) -> WorkflowProfile:
         """Inverse of :meth:`to_json`.
 
         Raises:
@@ -234,7 +234,7 @@ def affine_profile(
     per_item_s: float,
     static_bytes: float = 0.0,
     per_item_bytes: float = 0.0,
-    batch_sizes: Tuple[int, ...] = (1, 8, 64, 256, 1024),
+    batch_sizes: tuple[int, ...] = (1, 8, 64, 256, 1024),
     **kwargs,
 ) -> ComponentProfile:
     """A profile with time ``fixed_s + per_item_s * b`` and peak memory ``static_bytes +
@@ -285,18 +285,18 @@ class _Analytic:
 # sensible answer before anything has been profiled. Env entries are per env step of one env
 # (ManiSkill GPU simulation is memory-hungry per env, section 5.1.2); policy entries are per
 # observation (rollout) and per training sample (actor, forward + backward, FSDP-sharded state).
-_ENV_ANALYTIC: Dict[str, _Analytic] = {
+_ENV_ANALYTIC: dict[str, _Analytic] = {
     "maniskill": _Analytic(5e-3, 2e-4, 2.0, 0.05, onload_s=2.0, stateful_items=True),
     "libero": _Analytic(1e-3, 2e-2, 0.5, 0.01, onload_s=1.0, stateful_items=True),
     "gym": _Analytic(1e-4, 1e-5, 0.0, 0.0),
 }
-_ROLLOUT_ANALYTIC: Dict[str, _Analytic] = {
+_ROLLOUT_ANALYTIC: dict[str, _Analytic] = {
     "mlp": _Analytic(5e-4, 1e-6, 0.01, 1e-5),
     "cnn": _Analytic(1e-3, 2e-5, 0.05, 2e-4),
     "openvla": _Analytic(0.1, 2e-3, 15.0, 0.02, onload_s=3.0),
     "openvla_oft": _Analytic(0.05, 1e-3, 15.0, 0.02, onload_s=3.0),
 }
-_ACTOR_ANALYTIC: Dict[str, _Analytic] = {
+_ACTOR_ANALYTIC: dict[str, _Analytic] = {
     "mlp": _Analytic(1e-3, 3e-6, 0.03, 3e-5, shard_static=True, dp_efficiency=0.97),
     "cnn": _Analytic(2e-3, 6e-5, 0.15, 6e-4, shard_static=True, dp_efficiency=0.97),
     "openvla": _Analytic(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, Tuple
 
 from rlinf_embodied.scheduler.cost_model import (
     Cycle,
@@ -81,7 +81,7 @@ class _Sim:
         self.busy[name] = self.busy.get(name, 0.0) + dur
         return dur
 
-    def run(self, plan: Plan, items_frac: Sequence[Tuple[int, int]], t0: float) -> float:
+    def run(self, plan: Plan, items_frac: Sequence[tuple[int, int]], t0: float) -> float:
         """Simulate ``plan`` on the chunk ``items_frac`` (path of (index, count) splits) from
         time ``t0``; return the end time."""
         if isinstance(plan, Leaf):
@@ -145,13 +145,13 @@ class _Sim:
         return end
 
 
-def _portion(total: int, path: Sequence[Tuple[int, int]]) -> int:
+def _portion(total: int, path: Sequence[tuple[int, int]]) -> int:
     for index, count in path:
         total = even_split(total, count)[index]
     return total
 
 
-def _fraction(path: Sequence[Tuple[int, int]]) -> float:
+def _fraction(path: Sequence[tuple[int, int]]) -> float:
     f = 1.0
     for _, count in path:
         f /= count

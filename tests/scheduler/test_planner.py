@@ -9,7 +9,6 @@ from rlinf_embodied.scheduler.cost_model import CostModel, Cycle, Leaf, Temporal
 from rlinf_embodied.scheduler.graph import embodied_graph
 from rlinf_embodied.scheduler.planner import report_text, search
 from rlinf_embodied.scheduler.profiles import GiB, WorkflowProfile, affine_profile
-
 from tests.scheduler import scenarios
 
 
