@@ -17,15 +17,16 @@ from rlinf_embodied.scheduler.profiler import (
 
 
 def _sleep_env(batch):
-    time.sleep(0.002 + 0.0002 * batch)
+    time.sleep(0.002 + 0.001 * batch)
     return 1000.0 * batch  # bytes
 
 
 def test_sleep_component_is_linear_in_batch():
-    prof = profile_component(FunctionComponent("env", _sleep_env, static_bytes=10.0), [1, 16, 64], repeats=2)
+    prof = profile_component(FunctionComponent("env", _sleep_env, static_bytes=10.0), [1, 16, 64], repeats=3)
     assert prof.batch_sizes == (1, 16, 64)
-    assert prof.time_s[0] < prof.time_s[1] < prof.time_s[2]
-    assert prof.time(64) == pytest.approx(0.002 + 0.0128, rel=0.5)
+    # a sleep never ends early; a loaded machine may make it late (loose upper bound)
+    assert 0.066 <= prof.time(64) < 0.066 + 0.05
+    assert prof.time_s[0] < prof.time_s[2]
     assert prof.peak_bytes == (1000.0, 16000.0, 64000.0) and prof.static_bytes == 10.0
 
 
