@@ -49,6 +49,8 @@ SPEC_FILE = "spec.yaml"
 _POLICIES: dict[str, str | type] = {
     "mlp": "rlinf_embodied.policies.mlp:MLPPolicy",
     "cnn": "rlinf_embodied.policies.cnn:CNNPolicy",
+    "openvla": "rlinf_embodied.policies.openvla:OpenVLAPolicy",
+    "openvla_oft": "rlinf_embodied.policies.openvla_oft:OpenVLAOFTPolicy",
 }
 
 

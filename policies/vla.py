@@ -1,0 +1,249 @@
+"""What OpenVLA and OpenVLA-OFT policies share: building/loading the VLM, observation encoding,
+action token sampling and scoring, un-normalisation, LoRA and the value head.
+
+``forward_inputs`` of both VLA policies (leading dim N; what the training loop stores):
+
+* ``input_ids`` (N, 1 + T) int64 and ``text_valid`` (N, 1 + T) bool: the padded prompt
+  (:class:`~rlinf_embodied.policies.prismatic.PromptTokenizer`);
+* ``main_images`` (N, H, W, 3) uint8 and, for OFT with a wrist camera, ``wrist_images``: raw
+  images, re-preprocessed deterministically in ``evaluate`` (4x smaller than pixel values);
+* ``states`` (N, S) float32 (OFT with proprio);
+* ``action_samples``: (N, K, A) int64 action-token bin indices, or float32 normalised
+  pre-clip Gaussian samples for OFT's continuous head.
+
+Log-probs of action tokens are over the 256-id action slice of the vocabulary only (logits of
+the other ids are dropped before the softmax, as in RLinf / SimpleVLA-RL), at temperature
+``policy.temperature`` in both ``act`` and ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from rlinf_embodied.policies.action_tokenizer import (
+    ActionNormalizer,
+    ActionTokenizer,
+    GripperConvention,
+    select_norm_stats,
+)
+from rlinf_embodied.policies.base import Evaluation, Policy, SpaceSpec, obs_tensor
+from rlinf_embodied.policies.prismatic import (
+    ImagePreprocessor,
+    PrismaticArchConfig,
+    PrismaticVLM,
+    PromptTokenizer,
+    apply_lora,
+    enable_gradient_checkpointing,
+    identity_norm_stats,
+    load_prismatic,
+    merged_state_dict,
+    openvla_7b_arch_dict,
+    save_prismatic,
+    select_device_dtype,
+    tiny_arch_dict,
+    tiny_tokenizer,
+)
+from rlinf_embodied.policies.value_head import ValueHead
+from torch import nn
+
+from rlinf_embodied.config import VLAPolicyConfig
+
+__all__ = ["VLAPolicyBase"]
+
+
+class VLAPolicyBase(Policy):
+    """Base of the OpenVLA policies; subclasses implement ``act`` and ``evaluate``.
+
+    Args:
+        config: a :class:`~rlinf_embodied.config.VLAPolicyConfig` subclass.
+        spec: the env's spaces; its action dim must equal the statistics' (7 for LIBERO).
+        proprio_dim: S of the proprio statistics to create for a random ``preset`` (OFT).
+
+    Raises:
+        ValueError: the checkpoint's statistics do not match ``spec`` (names the fix).
+    """
+
+    def __init__(self, config: VLAPolicyConfig, spec: SpaceSpec, proprio_dim: int | None = None):
+        super().__init__(config, spec)
+        if spec.discrete:
+            raise ValueError("VLA policies emit continuous actions; the env has a Discrete space.")
+        _, dtype = select_device_dtype(None, config.dtype)
+        if config.pretrained:
+            vlm, norm_stats = load_prismatic(config.pretrained, torch.device("cpu"), dtype,
+                                             config.attn_implementation)
+            tok = PromptTokenizer.from_pretrained(config.pretrained, config.max_prompt_tokens)
+        else:
+            arch_d = tiny_arch_dict() if config.preset == "tiny" else openvla_7b_arch_dict()
+            arch = PrismaticArchConfig.from_dict(arch_d, source=f"preset {config.preset}")
+            vlm = PrismaticVLM(arch, config.attn_implementation).to(dtype)
+            norm_stats = identity_norm_stats(spec.action_dim, proprio_dim)
+            if config.preset != "tiny":
+                raise ValueError(
+                    "policy.preset=openvla-7b has no tokenizer without weights; set "
+                    "policy.pretrained to a checkpoint directory."
+                )
+            tok = PromptTokenizer(tiny_tokenizer(arch.base_vocab_size), config.max_prompt_tokens)
+        self.vlm = vlm
+        self.prompts = tok
+        self.norm_stats = norm_stats
+        self.dataset_stats = select_norm_stats(norm_stats, config.unnorm_key)
+        self.action_norm = ActionNormalizer.from_stats(self.dataset_stats["action"])
+        if self.action_norm.dim != spec.action_dim:
+            raise ValueError(
+                f"The checkpoint's action statistics have {self.action_norm.dim} dims but the env "
+                f"has A={spec.action_dim}; pick policy.unnorm_key for this env's dataset."
+            )
+        self.tokenizer = ActionTokenizer(vlm.arch.base_vocab_size, vlm.arch.n_action_bins)
+        self.gripper = GripperConvention(
+            to_signed=config.gripper_to_signed, binarize=config.gripper_binarize,
+            invert=config.gripper_invert,
+        )
+        self.images = ImagePreprocessor.for_model(vlm, config.center_crop)
+        self.value_head = ValueHead(vlm.llm_dim, config.value_head_hidden) if config.critic else None
+        if config.lora_rank > 0:
+            alpha = config.lora_alpha if config.lora_alpha is not None else min(config.lora_rank, 16)
+            apply_lora(vlm, config.lora_rank, alpha, config.lora_dropout, config.lora_targets)
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(vlm)
+
+    # ------------------------------------------------------------------ observation encoding
+    def encode_obs(self, obs: Mapping[str, Any], wrist: bool = False, states: bool = False) -> dict[str, torch.Tensor]:
+        """The stored part of ``forward_inputs`` for an observation batch.
+
+        Raises:
+            ValueError: a required key is missing or ``task_descriptions`` has the wrong length.
+        """
+        dev = self.device
+        fi: dict[str, torch.Tensor] = {}
+        fi["main_images"] = obs_tensor(obs, "main_images", dev, torch.uint8, self.config.type)
+        n = fi["main_images"].shape[0]
+        texts = obs.get("task_descriptions")
+        if texts is None or len(texts) != n:
+            raise ValueError(
+                f"The {self.config.type} policy needs obs['task_descriptions'] with {n} strings "
+                f"(got {None if texts is None else len(texts)})."
+            )
+        fi["input_ids"], fi["text_valid"] = self.prompts(list(texts), dev)
+        if wrist:
+            fi["wrist_images"] = obs_tensor(obs, "wrist_images", dev, torch.uint8, self.config.type)
+        if states:
+            fi["states"] = obs_tensor(obs, "states", dev, torch.float32, self.config.type)
+        return fi
+
+    def pixel_values(self, fi: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """(N, I * 6, S, S): main (then wrist) image, each normalised for both backbones."""
+        parts = [self.images(fi["main_images"])]
+        if "wrist_images" in fi:
+            parts.append(self.images(fi["wrist_images"]))
+        return torch.cat(parts, dim=1)
+
+    def prefix(self, fi: Mapping[str, torch.Tensor], extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and validity of ``<s>, patches, [extra], prompt``.
+
+        Args:
+            fi: forward inputs.
+            extra: (N, E, D) embeddings placed after the patches (OFT's proprio token).
+
+        Returns:
+            ``(embeds (N, L0, D), valid (N, L0) bool)``.
+        """
+        patches = self.vlm.encode_images(self.pixel_values(fi))
+        text = self.vlm.embed_tokens(fi["input_ids"])
+        parts = [text[:, :1], patches] + ([extra.to(text.dtype)] if extra is not None else []) + [text[:, 1:]]
+        n_mid = patches.shape[1] + (extra.shape[1] if extra is not None else 0)
+        ones = torch.ones(text.shape[0], n_mid, dtype=torch.bool, device=text.device)
+        valid = torch.cat([fi["text_valid"][:, :1], ones, fi["text_valid"][:, 1:]], dim=1)
+        return torch.cat(parts, dim=1), valid
+
+    @staticmethod
+    def positions(valid: torch.Tensor) -> torch.Tensor:
+        """Rotary positions (N, L) from validity: padding does not advance the position."""
+        return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+
+    # ------------------------------------------------------------------ action tokens
+    def token_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, L, D) readout hidden states -> (N, L, 256) tempered log-probs over the action ids."""
+        logits = self.tokenizer.action_logits(self.vlm.lm_logits(hidden))
+        return torch.log_softmax(logits / self.config.temperature, dim=-1)
+
+    @staticmethod
+    def choose(logp: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """Bin indices (...) from log-probs (..., 256): argmax or a categorical sample."""
+        if greedy:
+            return logp.argmax(dim=-1)
+        flat = logp.reshape(-1, logp.shape[-1]).exp()
+        return torch.multinomial(flat, 1).reshape(logp.shape[:-1])
+
+    @staticmethod
+    def score(logp: torch.Tensor, bins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of ``bins`` (...) and entropies (...) from log-probs (..., 256)."""
+        chosen = logp.gather(-1, bins.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(dim=-1)
+        return chosen, entropy
+
+    def to_env(self, normalized: torch.Tensor) -> torch.Tensor:
+        """(N, K, A) normalised actions -> env units (un-normalise, gripper convention)."""
+        return self.gripper.apply(self.action_norm.unnormalize(normalized.clamp(-1.0, 1.0)))
+
+    def require_samples(self, fi: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``fi["action_samples"]``, or an error naming what to pass.
+
+        Raises:
+            ValueError: if absent (scoring env-unit actions is not supported: the gripper
+                convention is not invertible).
+        """
+        if "action_samples" not in fi:
+            raise ValueError(
+                f"{type(self).__name__}.evaluate needs forward_inputs['action_samples'] from act(); "
+                "VLA policies cannot score env-unit actions (binarised grippers do not invert)."
+            )
+        return fi["action_samples"]
+
+    def values_from(self, readout0: torch.Tensor) -> torch.Tensor | None:
+        """(N,) values from the first readout position's hidden state, or None without critic."""
+        return self.value_head(readout0) if self.value_head is not None else None
+
+    def finish(self, logp_tok: torch.Tensor, ent_tok: torch.Tensor, values: torch.Tensor | None) -> Evaluation:
+        """Reduce (N, K, A) log-probs and entropies to the configured granularity."""
+        return Evaluation(self.to_granularity(logp_tok), self.to_granularity(ent_tok), values)
+
+    def reshape_chunk(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, K*A, ...) -> (N, K, A, ...)."""
+        return x.reshape(x.shape[0], self.action_chunk, self.spec.action_dim, *x.shape[2:])
+
+    # ------------------------------------------------------------------ export
+    def extra_heads(self) -> dict[str, nn.Module]:
+        """Heads written next to the VLM weights by :meth:`save_pretrained_like` (OFT adds some)."""
+        return {}
+
+    def save_pretrained_like(self, path: str | Path, step: int = 0) -> Path:
+        """Write the published layout (LoRA merged): config, shards + index, statistics, tokenizer.
+
+        Args:
+            path: output directory (created).
+            step: training step in OFT head file names (``action_head--{step}_checkpoint.pt``).
+
+        Returns:
+            The directory, loadable with ``policy.pretrained`` (and by the upstream code).
+        """
+        path = Path(path)
+        save_prismatic(self.vlm, path, norm_stats=self.norm_stats, state_dict=merged_state_dict(self.vlm))
+        self.prompts.tokenizer.save_pretrained(str(path))
+        for name, module in self.extra_heads().items():
+            # DDP-trained heads are published with a "module." prefix; the loader strips it.
+            sd = {f"module.{k}": v.detach().cpu() for k, v in module.state_dict().items()}
+            torch.save(sd, path / f"{name}--{step}_checkpoint.pt")
+        return path
+
+
+def gaussian_logprob_entropy(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension Normal log-density of ``x`` and entropy, broadcast to ``x``'s shape."""
+    log_std = log_std.expand_as(mean)
+    var = torch.exp(2 * log_std)
+    logp = -((x - mean) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)
+    entropy = 0.5 + 0.5 * math.log(2 * math.pi) + log_std
+    return logp, entropy
