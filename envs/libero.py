@@ -18,7 +18,9 @@ Observations: ``states`` (N, 8) float32 = eef position (3) + axis-angle of the e
 Reward 1.0 and ``terminated`` at the step the env's own success check (BDDL goal) holds.
 
 Reset options (per env; pass lists of length ``len(env_ids)``): ``init_state_ids`` (index into
-the task's stored states; default: env i's k-th episode uses state ``(i + k * N) % 50``) and
+the task's stored states; default: the k-th episode of env i after ``reset(seed=s)`` uses state
+``(s + i + k * N) % num_states``, so ``reset(seed=0)`` starts env i from state i as the
+protocol's trial i does; before any seeded reset ``s = 0``) and
 ``task_ids`` (switch the env to another task of the suite, building it: 3-12 s). Envs are reused
 across resets; building one takes 3-12 s on a CPU core.
 
@@ -190,10 +192,10 @@ class LiberoSubBatch(SubBatch):
         _use_libero_root(cfg.libero_root)
         self._bench = _suite(cfg.suite)
         self._render_device = device.physical_id if device is not None else -1
-        self._global = list(env_ids)
         self._task_of = [int(cfg.task_ids[g % len(cfg.task_ids)]) for g in env_ids]
         self._states: Dict[int, np.ndarray] = {}
-        self._episodes = [0] * len(env_ids)
+        self._episodes = [0] * len(env_ids)  # since the last seeded reset
+        self._offset = list(env_ids)  # seed of the last seeded reset (global id before one)
         self._init_ids: List[Optional[int]] = [None] * len(env_ids)
         self._settle = np.asarray(cfg.settle_action, np.float64)
         self._envs = [self._build(t) for t in self._task_of]
@@ -262,9 +264,11 @@ class LiberoSubBatch(SubBatch):
                 self._envs[i] = self._build(task_id)
                 self._task_of[i] = task_id
             states = self._task_states(task_id)
+            if seed is not None:
+                self._offset[i], self._episodes[i] = int(seed), 0
             sid = opts.get("init_state_ids")
             if sid is None:
-                sid = (self._global[i] + self._episodes[i] * self._cfg.num_envs) % len(states)
+                sid = (self._offset[i] + self._episodes[i] * self._cfg.num_envs) % len(states)
             if not 0 <= int(sid) < len(states):
                 raise ValueError(
                     f"init_state_ids {sid} is outside the {len(states)} stored states of "
