@@ -172,7 +172,8 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
         text = inspect.getsource(module)
     except (OSError, TypeError):
         text = inspect.getsource(fn)
-    sha = hashlib.sha256(text.encode()).hexdigest()
+    # The module's source and the factory's name: two factories of one module differ.
+    sha = hashlib.sha256(f"{text}\n{module_name}:{attr}".encode()).hexdigest()
     takes_ctx = any(
         p.default is inspect.Parameter.empty
         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)

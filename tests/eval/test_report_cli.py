@@ -1,0 +1,127 @@
+"""Reports, compare, and CLI errors (typer runner; gymnasium toy env and LIBERO metadata)."""
+
+import json
+from html.parser import HTMLParser
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rlinf_embodied.eval.cli import eval_app, parse_tasks
+from rlinf_embodied.eval.report import CompareError, compare, write_reports
+from rlinf_embodied.eval.results import Episode, ResultsFile
+
+runner = CliRunner()
+
+
+def _results(path, protocol_id="openvla_v1@v1", fp="abc", successes=(1, 1, 0, 0), **h):
+    header = {"env": "libero", "suite": "libero_spatial",
+              "protocol": {"id": protocol_id, "fingerprint": fp, "max_steps": {"*": 1}},
+              "policy": {"source": "x", "sha256": "0"}, **h}
+    eps = [Episode(task=t, trial=i, success=bool(s), steps=5, instruction=f"task {t}")
+           for t in (0, 1) for i, s in enumerate(successes)]
+    r = ResultsFile(path, header, eps)
+    r.save()
+    return r
+
+
+def test_reports_exist_and_html_parses(tmp_path):
+    r = _results(tmp_path / "a.json")
+    paths = write_reports(r.path)
+    md = paths["markdown"].read_text()
+    assert "| 0 | task 0 | 4 | 50.0 | [15.0, 85.0] | 0 |" in md
+    assert "**50.0**" in md
+    assert paths["chart"].read_bytes()[:4] == b"\x89PNG"
+    cells = []
+
+    class P(HTMLParser):
+        def handle_data(self, data):
+            cells.append(data.strip())
+
+    p = P()
+    p.feed(paths["html"].read_text())
+    p.close()
+    assert "task 0" in cells and "50.0" in cells
+    summary = json.loads((tmp_path / "a.json").read_text())["summary"]
+    assert summary["per_task"]["0"]["ci95"] == pytest.approx([0.15004, 0.84996], abs=1e-4)
+
+
+def test_compare_pairs_and_refuses_other_protocols(tmp_path):
+    a = _results(tmp_path / "a.json", successes=(1, 1, 0, 0))
+    b = _results(tmp_path / "b.json", successes=(1, 1, 1, 1))
+    c = compare(a, b)
+    assert c.overall["pairs"] == 8 and c.overall["diff"] == pytest.approx(0.5)
+    m = c.overall["mcnemar"]
+    assert (m.b, m.c, m.method) == (0, 4, "exact") and m.p_value == pytest.approx(0.125)
+    other = _results(tmp_path / "o.json", protocol_id="libero_native@v1", fp="def")
+    with pytest.raises(CompareError, match="different protocols.*--force"):
+        compare(a, other)
+    assert compare(a, other, force=True).warnings[0].startswith("forced: different protocols")
+    out = runner.invoke(eval_app, ["compare", str(a.path), str(other.path)])
+    assert out.exit_code == 2 and "different protocols" in out.output
+    out = runner.invoke(eval_app, ["compare", str(a.path), str(b.path)])
+    assert out.exit_code == 0 and "McNemar" in out.output and "0.125 (exact)" in out.output
+    out = runner.invoke(eval_app, ["compare", str(a.path), str(tmp_path / "missing.json")])
+    assert out.exit_code == 2 and "does not exist" in out.output
+
+
+def test_cli_runs_gym_eval(tmp_path):
+    out = tmp_path / "r.json"
+    res = runner.invoke(eval_app, ["--env", "gym", "--task", "toy/PointReach-v0", "--policy",
+                                   "eval_helpers:reach", "--trials-per-task", "3",
+                                   "--num-envs", "2", "--num-processes", "0", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert len(ResultsFile.load(out).episodes) == 3 and (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--env", "libero", "--suite", "libero_spatail"], "valid suites: libero_spatial"),
+    (["--env", "libero", "--suite", "libero_goal", "--tasks", "10"], "valid ids are 0..9"),
+    (["--env", "libero", "--suite", "libero_goal", "--trials-per-task", "51"],
+     "only 50 stored initial states"),
+    (["--env", "libero", "--suite", "libero_goal", "--protocol", "openvla_v9"],
+     "Valid protocols: libero_native, openvla_v1"),
+    (["--env", "libero", "--suite", "libero_goal", "--video", "sometimes"],
+     "--video must be one of none, failures, all"),
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "no/such/dir"],
+     "no such file or directory"),
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "eval_helpers:nope"],
+     "has no callable 'nope'"),
+])
+def test_cli_bad_input(tmp_path, args, message):
+    if "--policy" not in args:
+        args = args + ["--policy", "random"]
+    res = runner.invoke(eval_app, args + ["-o", str(tmp_path / "x.json"), "--num-processes", "0"])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_checkpoint_type_and_env_mismatch(tmp_path):
+    from rlinf_embodied.config import MLPPolicyConfig
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
+    save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), tmp_path / "ckpt")
+    base = ["--env", "gym", "--task", "toy/PointReach-v0", "--num-processes", "0",
+            "--trials-per-task", "2", "-o", str(tmp_path / "c.json")]
+    res = runner.invoke(eval_app, base + ["--policy", str(tmp_path / "ckpt"),
+                                          "--policy-type", "cnn"])
+    assert res.exit_code == 2 and "holds a 'mlp' policy" in res.output
+    res = runner.invoke(eval_app, ["--env", "gym", "--task", "CartPole-v1", "--num-processes",
+                                   "0", "--policy", str(tmp_path / "ckpt"), "-o",
+                                   str(tmp_path / "d.json")])
+    assert res.exit_code == 2 and "does not match this env" in res.output
+    res = runner.invoke(eval_app, base + ["--policy", str(tmp_path / "ckpt")])
+    assert res.exit_code == 0, res.output  # the matching env evaluates it
+
+
+def test_parse_tasks_and_wiring():
+    assert parse_tasks("0,3") == [0, 3] and parse_tasks("2-4") == [2, 3, 4]
+    assert parse_tasks(None) is None and parse_tasks("all") is None
+    with pytest.raises(ValueError, match="0,3 or 0-4"):
+        parse_tasks("a,b")
+    app = typer.Typer()
+    app.add_typer(eval_app, name="eval")
+    res = runner.invoke(app, ["eval", "protocols"])
+    assert res.exit_code == 0 and "openvla_v1@v1" in res.output
