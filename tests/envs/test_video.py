@@ -47,3 +47,15 @@ def test_state_only_env_refuses_video(tmp_path):
 def test_compose_frame_pads_to_even_sizes():
     frame = compose_frame(np.zeros((129, 65, 3), np.uint8), None, "step 1")
     assert frame.shape == (130, 66, 3) and frame.dtype == np.uint8
+
+
+def test_readme_gym_example_runs(tmp_path, monkeypatch):
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.chdir(tmp_path)
+    from examples import my_gym_env
+
+    my_gym_env.main()
+    assert list((tmp_path / "videos" / "goal_seek").glob("*.mp4"))
