@@ -964,15 +964,21 @@ def fully_shard_per_block(module: nn.Module, **fsdp_kwargs: Any) -> nn.Module:
             ``offload_policy``, ``reshard_after_forward``).
 
     Returns:
-        ``module`` (sharded in place).
+        ``module`` (sharded in place); its ``act``/``evaluate``/``predict_values`` gather the
+        root parameters like ``forward`` does (``register_fsdp_forward_method``).
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     classes = fsdp_block_classes()
     for sub in list(module.modules()):
         if isinstance(sub, classes):
             fully_shard(sub, **fsdp_kwargs)
     fully_shard(module, **fsdp_kwargs)
+    # Policies are driven through act/evaluate, not forward(): make those gather the root's
+    # parameters (projectors, embeddings, heads) the way forward() would.
+    for name in ("act", "evaluate", "predict_values"):
+        if callable(getattr(module, name, None)):
+            register_fsdp_forward_method(module, name)
     return module
 
 

@@ -16,8 +16,10 @@ from rlinf_embodied.policies.prismatic import (
     PrismaticArchConfig,
     PrismaticVLM,
     fsdp_block_classes,
+    fully_shard_per_block,
     identity_norm_stats,
     load_prismatic,
+    openvla_7b_arch_dict,
     save_prismatic,
     tiny_arch_dict,
 )
@@ -241,3 +243,34 @@ def test_registry_configs_and_input_errors():
                                                             wrist_image_shape=(H, H, 3)))
     with pytest.raises(ValueError, match="valid keys"):
         OpenVLAPolicy(OpenVLAPolicyConfig(unnorm_key="bridge_orig"), SPEC)
+
+
+def test_openvla_7b_architecture_builds_on_meta_device():
+    """The real architecture (no weights): 7.54B parameters, published names and widths."""
+    with torch.device("meta"):
+        vlm = PrismaticVLM(PrismaticArchConfig.from_dict(openvla_7b_arch_dict()))
+    n = sum(q.numel() for q in vlm.parameters())
+    assert 7.50e9 < n < 7.60e9, n  # OpenVLA-7B model card: 7.54B
+    assert vlm.vision_backbone.num_patches == 256 and vlm.vision_backbone.embed_dim == 1024 + 1152
+    assert tuple(vlm.projector.fc1.weight.shape) == (4 * 2176, 2176)
+    assert vlm.arch.base_vocab_size == 32000 and vlm.llm_dim == 4096
+    names = set(vlm.state_dict())
+    assert "vision_backbone.featurizer.blocks.23.ls2.scale_factor" in names
+    assert "vision_backbone.fused_featurizer.blocks.26.mlp.fc2.weight" in names
+
+
+def test_fsdp2_fully_shard_per_block_runs_act_and_backward(obs):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29617", rank=0, world_size=1)
+    try:
+        p = oft(lora_rank=4, critic=True)
+        fully_shard_per_block(p)
+        out = p.act(obs)
+        ev = p.evaluate(out.forward_inputs)
+        assert torch.equal(ev.logprobs, out.logprobs)
+        (-ev.logprobs.mean() + ev.values.pow(2).mean()).backward()
+    finally:
+        dist.destroy_process_group()
