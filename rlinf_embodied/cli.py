@@ -70,6 +70,69 @@ def doctor(json_output: bool = typer.Option(False, "--json", help="Machine-reada
         raise typer.Exit(1)
 
 
+def _fresh_run_dir(path: "Path") -> "Path":
+    """``path`` if it holds no checkpoint yet, else ``path_1``, ``path_2``, ..."""
+    from rlinf_embodied.checkpoint import list_checkpoints
+
+    candidate, i = path, 0
+    while list_checkpoints(candidate):
+        i += 1
+        candidate = path.with_name(f"{path.name}_{i}")
+    return candidate
+
+
+@app.command()
+def train(
+    config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Run directory to continue from its latest checkpoint."
+    ),
+) -> None:
+    """Train a policy with RL (env, rollout and actor workers on Ray, placement from config)."""
+    from pathlib import Path
+
+    from rlinf_embodied.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, overrides or [])
+        if resume:
+            run_dir = Path(resume)
+            if not (run_dir / "checkpoints").is_dir():
+                raise ConfigError(
+                    f"--resume {resume}: no checkpoints/ in that directory; pass the run "
+                    f"directory printed at the start of the run you want to continue."
+                )
+        else:
+            run_dir = _fresh_run_dir(cfg.run.run_dir())
+        from rlinf_embodied.runners.embodied import EmbodiedRunner
+
+        typer.echo(f"run directory: {run_dir}")
+        runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
+    except ConfigError as e:
+        _fail(str(e))
+    state = runner.run()
+    typer.echo(f"done: {state['iteration']} iterations, {state['env_steps']:,} env steps; "
+               f"results in {run_dir}")
+
+
+@app.command()
+def plan(
+    config: str = typer.Argument(..., help="Job YAML"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
+    devices: Optional[int] = typer.Option(None, "--devices", help="Plan for this many devices."),
+    json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Choose placement (temporal / spatial / hybrid) and granularity from profiles."""
+    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.scheduler.cli_plan import plan_command
+
+    try:
+        typer.echo(plan_command(config, devices, json_output, overrides or []))
+    except (ConfigError, ValueError) as e:
+        _fail(str(e))
+
+
 @envs_app.command("list")
 def envs_list() -> None:
     """Print registered environment ids with a one-line description."""

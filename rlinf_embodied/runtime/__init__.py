@@ -17,6 +17,7 @@ from rlinf_embodied.runtime.worker import (
     Worker,
     WorkerDiedError,
     WorkerGroup,
+    wait_all,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
+    "wait_all",
 ]

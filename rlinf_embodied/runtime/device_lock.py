@@ -42,23 +42,32 @@ class _Waiter:
     consumes: frozenset[str]
     seq: int
     granted: asyncio.Future
+    party: str
 
 
 class _LockService:
     """The lock actor (async): holders, waiters, and the event trace."""
 
     def __init__(self) -> None:
-        self._holder: dict[int, str] = {}
+        self._holder: dict[int, str] = {}  # device -> holding party
+        self._members: dict[int, set[str]] = {}  # device -> workers of the holding party
+        self._produced: dict[int, set[str]] = {}  # device -> channels the party put into
         self._last_products: dict[int, frozenset[str]] = {}
         self._waiters: list[_Waiter] = []
         self._seq = 0
         self._trace: list[LockEvent] = []
 
     async def acquire(
-        self, worker: str, devices: Sequence[int], consumes: Sequence[str], timeout: float | None
+        self,
+        worker: str,
+        devices: Sequence[int],
+        consumes: Sequence[str],
+        timeout: float | None,
+        share: str | None = None,
     ) -> bool:
         granted = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(worker, tuple(devices), frozenset(consumes), self._seq, granted)
+        party = f"share:{share}" if share else worker
+        waiter = _Waiter(worker, tuple(devices), frozenset(consumes), self._seq, granted, party)
         self._seq += 1
         self._record(waiter.devices, worker, "request")
         self._waiters.append(waiter)
@@ -74,14 +83,17 @@ class _LockService:
 
     async def release(self, worker: str, devices: Sequence[int], produced: Sequence[str]) -> None:
         for d in devices:
-            if self._holder.get(d) != worker:
+            if worker not in self._members.get(d, ()):
                 raise RuntimeError(
                     f"{worker} released device {d}, held by {self._holder.get(d)}; release only "
                     f"devices acquired through the same worker's device_lock()."
                 )
         for d in devices:
-            del self._holder[d]
-            self._last_products[d] = frozenset(produced)
+            self._members[d].discard(worker)
+            self._produced.setdefault(d, set()).update(produced)
+            if not self._members[d]:  # the last member of the party leaves: the device is free
+                del self._holder[d], self._members[d]
+                self._last_products[d] = frozenset(self._produced.pop(d))
         self._record(devices, worker, "release")
         self._grant()
 
@@ -93,10 +105,14 @@ class _LockService:
             return (not fed, w.seq)
 
         for waiter in sorted(self._waiters, key=priority):
-            if any(d in self._holder for d in waiter.devices):
+            # A device is available when free, or held by the waiter's own sharing party.
+            if any(self._holder.get(d, waiter.party) != waiter.party for d in waiter.devices):
+                continue
+            if waiter.party == waiter.worker and any(d in self._holder for d in waiter.devices):
                 continue
             for d in waiter.devices:
-                self._holder[d] = waiter.worker
+                self._holder[d] = waiter.party
+                self._members.setdefault(d, set()).add(waiter.worker)
             self._waiters.remove(waiter)
             self._record(waiter.devices, waiter.worker, "acquire")
             waiter.granted.set_result(True)
@@ -115,7 +131,8 @@ class _LockService:
         return sum(device is None or device in w.devices for w in self._waiters)
 
     def holder(self, device: int) -> str | None:
-        return self._holder.get(device)
+        members = self._members.get(device)
+        return ",".join(sorted(members)) if members else None
 
 
 _ServiceActor = ray.remote(num_cpus=0)(_LockService)
@@ -145,6 +162,7 @@ class DeviceLock:
         devices: Sequence[int],
         consumes: Sequence[str] = (),
         timeout: float | None = None,
+        share: str | None = None,
     ) -> None:
         """Block until ``worker`` holds every device in ``devices``.
 
@@ -153,11 +171,17 @@ class DeviceLock:
             devices: Global device ids, taken all at once.
             consumes: Channel names this worker reads; gives priority after their producers.
             timeout: Seconds to wait; None waits forever.
+            share: Name of a sharing party: workers acquiring with the same ``share`` may hold
+                the devices together (e.g. env and rollout workers that step and generate in
+                lockstep during a rollout); the devices are free again when the last member
+                releases. None holds them exclusively.
 
         Raises:
             TimeoutError: If the devices stayed busy for ``timeout`` seconds.
         """
-        if not ray.get(self._actor.acquire.remote(worker, list(devices), list(consumes), timeout)):
+        if not ray.get(
+            self._actor.acquire.remote(worker, list(devices), list(consumes), timeout, share)
+        ):
             raise TimeoutError(
                 f"{worker} waited {timeout} s for devices {list(devices)}; another worker holds "
                 f"them (see DeviceLock.trace()) - raise the timeout or fix the holder."

@@ -38,7 +38,7 @@ from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime.channel import take_recent_puts
+from rlinf_embodied.runtime.channel import flush_puts, release_prefetched, take_recent_puts
 from rlinf_embodied.runtime.cluster import Cluster
 from rlinf_embodied.runtime.device_lock import DeviceLock
 from rlinf_embodied.runtime.placement import PlacementPlan, parse_device_ids
@@ -145,7 +145,9 @@ class Worker:
         """Move state off the device so another group can use it. Default: nothing."""
 
     @contextlib.contextmanager
-    def device_lock(self, consumes: Sequence[str] = (), timeout: float | None = None):
+    def device_lock(
+        self, consumes: Sequence[str] = (), timeout: float | None = None, share: str | None = None
+    ):
         """Hold this worker's devices: acquire, ``onload()``, run the block, ``offload()``, release.
 
         The release reports the channels this process put into inside the block, so waiters
@@ -156,6 +158,9 @@ class Worker:
         Args:
             consumes: Names of the channels the block reads.
             timeout: Seconds to wait for the devices; None waits forever.
+            share: Sharing party (see :meth:`DeviceLock.acquire`): workers of different groups
+                that must run together on the same devices (env and rollout during a rollout)
+                pass the same name and hold the devices jointly.
 
         Raises:
             TimeoutError: If the devices stayed busy for ``timeout`` seconds.
@@ -172,7 +177,7 @@ class Worker:
         if self._lock_service is None:
             self._lock_service = DeviceLock.connect()
         ids = [d.global_id for d in self._ctx.devices]
-        self._lock_service.acquire(self.name, ids, consumes, timeout)
+        self._lock_service.acquire(self.name, ids, consumes, timeout, share)
         take_recent_puts()  # only puts made while holding the devices count
         self._holding_lock = True
         try:
@@ -183,6 +188,7 @@ class Worker:
                 self.offload()
         finally:
             self._holding_lock = False
+            flush_puts()  # the consumer that gets the devices next finds the data in place
             self._lock_service.release(self.name, ids, take_recent_puts())
 
     # ---- runtime internals, called through WorkerGroup ---------------------------------------
@@ -251,8 +257,11 @@ class _WorkerHost:
         start = time.perf_counter()
         try:
             value = getattr(self._instance, method)(*args, **kwargs)
+            flush_puts()  # a method's puts are in their channels when it returns
         except Exception as exc:
             return _Outcome.failure(exc, time.perf_counter() - start)
+        finally:
+            release_prefetched()  # no read-ahead outlives the method that made it
         return _Outcome(value, time.perf_counter() - start)
 
 
@@ -312,8 +321,13 @@ class CallHandle:
         pending = {r: rank for r, rank in self._refs.items() if rank not in self._outcomes}
         while pending:
             budget = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=budget)
-            self._collect({ref: pending.pop(ref) for ref in ready})
+            try:  # fast path: every rank answers within the budget, one round trip
+                outcomes = ray.get(list(pending), timeout=budget)
+                ready = list(pending)
+            except ray.exceptions.RayError:  # still running (GetTimeoutError) or a rank died
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+                outcomes = None
+            self._collect({ref: pending.pop(ref) for ref in ready}, outcomes)
             if pending and deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"{self.group}.{self.method}() did not finish within {timeout} s on ranks "
@@ -321,10 +335,8 @@ class CallHandle:
                 )
         return [self._outcomes[rank].value for rank in self.ranks]
 
-    def _collect(self, ready: dict[ray.ObjectRef, int]) -> None:
-        try:
-            outcomes = ray.get(list(ready))
-        except ray.exceptions.RayError:
+    def _collect(self, ready: dict[ray.ObjectRef, int], outcomes: list | None) -> None:
+        if outcomes is None:
             outcomes = [self._get_one(ref, rank) for ref, rank in ready.items()]
         self._outcomes.update(zip(ready.values(), outcomes))
         failed = sorted(rank for rank in ready.values() if self._outcomes[rank].error)
@@ -350,6 +362,29 @@ class CallHandle:
         if len(self._outcomes) < len(self.ranks):
             raise RuntimeError(f"{self.group}.{self.method}() is still running; wait() first.")
         return CallTiming([self._outcomes[rank].seconds for rank in self.ranks])
+
+
+def wait_all(*handles: CallHandle, timeout: float | None = None) -> list[list[Any]]:
+    """Wait for several calls that depend on each other (e.g. producers and consumers of a
+    channel), raising the first failure at once instead of hanging on a survivor's ``wait()``.
+
+    Returns:
+        Each handle's per-rank results, in argument order.
+
+    Raises:
+        RemoteError, WorkerDiedError: from the first call that fails.
+        TimeoutError: if ``timeout`` seconds pass first.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not all(h.done() for h in handles):
+        for h in handles:
+            if h.done():
+                h.wait()  # raises a failure now
+        if deadline is not None and time.monotonic() > deadline:
+            busy = [f"{h.group}.{h.method}()" for h in handles if not h.done()]
+            raise TimeoutError(f"{busy} did not finish within {timeout} s.")
+        time.sleep(POLL_S / 4)
+    return [h.wait() for h in handles]
 
 
 class _Selection:

@@ -1,0 +1,125 @@
+"""Atomic checkpoints and run directories.
+
+A checkpoint is a directory ``{run_dir}/checkpoints/iter_{k:06d}/`` holding whatever files the
+caller writes into it (policy weights, optimizer state, RNG states, counters). It is first built
+under a temporary name and then renamed in one ``os.replace``; the ``latest`` pointer file is
+rewritten the same way. An interrupted save therefore never leaves a checkpoint that loads
+half-written: either the new directory exists complete, or the previous one is still ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "checkpoint_dir",
+    "latest_checkpoint",
+    "list_checkpoints",
+]
+
+_COMPLETE = "COMPLETE"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """UTF-8 text version of :func:`atomic_write_bytes`."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> Path:
+    """JSON version of :func:`atomic_write_bytes` (indented, keys sorted)."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> List[Path]:
+    """Complete checkpoint directories of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and (p / _COMPLETE).exists()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
+    """The checkpoint named by ``checkpoints/latest``, else the newest complete one, else None."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
+    if pointer.exists():
+        cand = root / pointer.read_text().strip()
+        if (cand / _COMPLETE).exists():
+            return cand
+    done = list_checkpoints(run_dir)
+    return done[-1] if done else None
+
+
+@contextmanager
+def checkpoint_dir(run_dir: str | os.PathLike, name: str, keep: int = 3) -> Iterator[Path]:
+    """Context manager yielding a temporary directory that becomes checkpoint ``name`` on exit.
+
+    Example::
+
+        with checkpoint_dir(run_dir, "iter_000010") as d:
+            save_policy(policy, d / "policy")
+            torch.save(optimizer.state_dict(), d / "optimizer.pt")
+
+    On an exception inside the block the temporary directory is removed and the previous
+    ``latest`` stays. Only the newest ``keep`` checkpoints are kept (0 keeps all).
+    """
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        (tmp / _COMPLETE).write_text("ok\n")
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        atomic_write_text(root / "latest", name + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""Metric logging: TensorBoard by default, W&B when enabled, a console line, a JSONL file and an
+end-of-run PNG of success and return against env steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+__all__ = ["MetricLogger", "plot_curves"]
+
+
+class MetricLogger:
+    """Writes scalar metrics of each iteration to every enabled sink.
+
+    Args:
+        run_dir: the run directory; TensorBoard events go to ``run_dir/tensorboard``, the JSONL
+            history to ``run_dir/metrics.jsonl``.
+        tensorboard: write TensorBoard event files.
+        wandb: also log to Weights & Biases (``wandb`` must be installed and logged in).
+        console: print one progress line per iteration (rich when available).
+        project, config: W&B project and run config.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        console: bool = True,
+        project: str = "rlinf-embodied",
+        config: Optional[dict] = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.console = console
+        self._tb = None
+        self._wandb = None
+        self._t0 = time.time()
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as _wandb
+            except ImportError as e:
+                raise RuntimeError(
+                    "logging.wandb=true needs the wandb package: pip install wandb "
+                    "(or set logging.wandb=false)"
+                ) from e
+            self._wandb = _wandb.init(
+                project=project, dir=str(self.run_dir), config=config or {}, resume="allow"
+            )
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._rich = None
+        if console:
+            try:
+                from rich.console import Console
+
+                self._rich = Console(highlight=False)
+            except ImportError:  # pragma: no cover - rich is a dependency
+                self._rich = None
+
+    def log(self, metrics: Dict[str, float], step: int, iteration: int) -> None:
+        """Log ``metrics`` at x = ``step`` (env steps) for ``iteration``.
+
+        Non-finite values are written as they are to TensorBoard and as null to JSONL.
+        """
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({**clean, "env_steps": step}, step=iteration)
+        rec = {"iteration": iteration, "env_steps": step, "time_s": time.time() - self._t0}
+        rec.update({k: (v if math.isfinite(v) else None) for k, v in clean.items()})
+        self._jsonl.write(json.dumps(rec) + "\n")
+        if self.console:
+            self._print(rec)
+
+    def _print(self, rec: dict) -> None:
+        keys = [
+            ("rollout/success_once", "succ"),
+            ("rollout/episode_return", "ret"),
+            ("eval/success_once", "eval_succ"),
+            ("time/env_steps_per_s", "steps/s"),
+            ("train/policy_loss", "pi_loss"),
+            ("train/approx_kl", "kl"),
+        ]
+        parts = [f"iter {rec['iteration']:>4}", f"env steps {rec['env_steps']:>9,}"]
+        for k, short in keys:
+            v = rec.get(k)
+            if v is not None:
+                parts.append(f"{short} {v:.3g}")
+        parts.append(f"{rec['time_s']:.0f}s")
+        line = " | ".join(parts)
+        if self._rich is not None:
+            self._rich.print(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        """Flush and close every sink."""
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        self._jsonl.close()
+
+
+def read_history(run_dir: str | Path) -> List[dict]:
+    """Records of ``run_dir/metrics.jsonl`` (one dict per logged iteration)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
+    """PNG of success (train and eval) and episode return against env steps.
+
+    Returns:
+        The PNG path (default ``run_dir/curves.png``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = read_history(run_dir)
+    out = Path(out) if out else Path(run_dir) / "curves.png"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [
+        ("success", ["rollout/success_once", "eval/success_once", "eval/success_at_end"]),
+        ("episode return", ["rollout/episode_return", "eval/episode_return"]),
+    ]
+    for ax, (title, keys) in zip(axes, panels):
+        for k in keys:
+            pts = [(h["env_steps"], h[k]) for h in hist if h.get(k) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o" if k.startswith("eval") else None, ms=3, label=k)
+        ax.set_xlabel("env steps")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

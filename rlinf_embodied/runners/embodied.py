@@ -1,0 +1,120 @@
+"""The embodied RL main loop: sync weights -> rollout -> advantages + train -> eval -> checkpoint.
+
+The same code runs every placement (collocated, disaggregated, hybrid): where each group runs and
+whether it context-switches is data (``configs/placement/*.yaml``), read by the runtime.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir, latest_checkpoint
+from rlinf_embodied.config import JobConfig, as_dict, save_config
+from rlinf_embodied.metrics import MetricLogger, plot_curves
+from rlinf_embodied.runners.setup import launch_groups
+from rlinf_embodied.runtime import PerRank, wait_all
+
+__all__ = ["EmbodiedRunner"]
+
+
+class EmbodiedRunner:
+    """Runs one training job in ``run_dir`` (resumes from its latest checkpoint if ``resume``)."""
+
+    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        save_config(cfg, self.run_dir)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        self.state = {"iteration": 0, "env_steps": 0}
+        if ckpt is not None:
+            import json
+
+            self.state = json.loads((ckpt / "runner_state.json").read_text())
+            print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
+        self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt)
+        if self.g.cfg != cfg:  # placement=auto chose the granularity
+            self.cfg = cfg = self.g.cfg
+            save_config(cfg, self.run_dir)
+        self.log = MetricLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.wandb,
+                                cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg))
+        self._stop = False
+
+    def run(self) -> dict:
+        cfg, g, t = self.cfg, self.g, self.cfg.trainer
+        start = time.time()
+        prev = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            while self.state["iteration"] < t.iterations and not self._stop:
+                it = self.state["iteration"]
+                m = {"time/weight_sync_s": g.sync.push(it)}
+                t0 = time.perf_counter()
+                serve = g.rollout.serve(PerRank(g.requests_per_rank), it)
+                env = g.env.rollout(it)
+                env_stats, _ = wait_all(env, serve)
+                m["time/rollout_s"] = time.perf_counter() - t0
+                m["time/env_step_s"] = max(s["env_time_s"] for s in env_stats)
+                m["time/generate_s"] = serve.timing.max
+                t0 = time.perf_counter()
+                train = g.actor.train(it)
+                tm = train.wait()
+                m["time/train_s"] = time.perf_counter() - t0
+                m.update({k: sum(d[k] for d in tm) / len(tm) for k in tm[0]})
+                steps = sum(s["env_steps"] for s in env_stats)
+                eps = sum(s["episodes"] for s in env_stats)
+                self.state["env_steps"] += steps
+                self.state["iteration"] = it + 1
+                m["time/env_steps_per_s"] = steps / max(1e-9, m["time/rollout_s"] + m["time/train_s"] + m["time/weight_sync_s"])
+                if eps:
+                    m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
+                    m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
+                    m["rollout/episodes"] = eps
+                final = self.state["iteration"] == t.iterations
+                if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or final):
+                    m.update(self.evaluate(self.state["iteration"], videos=cfg.eval.num_videos if final else 0))
+                self.log.log(m, self.state["env_steps"], self.state["iteration"])
+                if t.save_every and (self.state["iteration"] % t.save_every == 0 or final):
+                    self.save()
+                if t.max_time_s and time.time() - start > t.max_time_s:
+                    print(f"trainer.max_time_s={t.max_time_s} reached; stopping.")
+                    break
+            if self._stop:
+                print("interrupted: saving a final checkpoint")
+                self.save()
+        finally:
+            signal.signal(signal.SIGINT, prev)
+            self.log.close()
+            plot_curves(self.run_dir)
+            g.shutdown()
+        return self.state
+
+    def evaluate(self, iteration: int, videos: int = 0) -> dict:
+        """Greedy, fixed-length evaluation on seeds disjoint from training; writes eval JSON."""
+        g, e = self.g, self.cfg.eval
+        g.sync.push(iteration)  # the weights just trained (the next iteration reuses them)
+        res = g.env.evaluate(iteration, e.num_episodes, videos)
+        srv = g.rollout.serve(PerRank(g.eval_requests_per_rank))
+        out, _ = wait_all(res, srv)
+        n = sum(r["episodes"] for r in out)
+        metrics = {f"eval/{k}": sum(r[k] for r in out) / n for k in ("success_once", "success_at_end", "episode_return")}
+        record = {"iteration": iteration, "env_steps": self.state["env_steps"], "episodes": n,
+                  **{k.split("/")[1]: v for k, v in metrics.items()},
+                  "videos": [v for r in out for v in r["videos"]]}
+        atomic_write_json(self.run_dir / "eval" / f"iter_{iteration:06d}.json", record)
+        atomic_write_json(self.run_dir / "eval" / "latest.json", record)
+        return metrics
+
+    def save(self) -> Path:
+        name = f"iter_{self.state['iteration']:06d}"
+        with checkpoint_dir(self.run_dir, name) as d:
+            self.g.actor.save(str(d)).wait()
+            atomic_write_json(d / "runner_state.json", self.state)
+        return self.run_dir / "checkpoints" / name
+
+    def _on_sigint(self, *_):
+        if self._stop:
+            raise KeyboardInterrupt
+        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (Ctrl-C again to abort)")
+        self._stop = True

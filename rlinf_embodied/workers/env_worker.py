@@ -1,0 +1,355 @@
+"""EnvWorker: owns a shard of the batched environments and assembles trajectories.
+
+Elastic pipelining (RLinf paper, section 3.3): the worker's ``num_envs / world_size`` envs are
+split into ``trainer.pipeline_stages`` equal micro-batches ("streams"), each its own
+:class:`~rlinf_embodied.envs.base.BatchedEnv`. While stream s waits for its actions from a
+rollout worker, stream s+1's observations are already queued, so env stepping and policy
+generation overlap.
+
+Protocol over the runtime's channels (names in :class:`ChannelNames`):
+
+* the worker puts a *request* ``{"obs", "seed", "reply", "mode", "values_only"}`` on ``obs`` with
+  key ``"r<k>"`` (rollout rank k serves a fixed set of streams, see :func:`stream_assignment`);
+* it gets the reply ``{"actions", "logprobs", "values", "forward_inputs"}`` from ``actions`` with
+  key ``reply``;
+* at the end of a rollout it puts the assembled trajectory on ``trajectories`` with key
+  ``"a<j>"`` for actor rank j. The runner never holds trajectory tensors.
+
+Every rollout starts from fresh resets seeded by (run seed, iteration, stream), and every
+request carries a sampling seed, so a run is reproducible whatever the placement and resumes
+exactly from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from rlinf_embodied.config import JobConfig
+from rlinf_embodied.runtime import Channel, Worker
+
+__all__ = ["ChannelNames", "EnvWorker", "stream_assignment", "request_seed"]
+
+
+@dataclass(frozen=True)
+class ChannelNames:
+    """Names of the channels of one training run."""
+
+    obs: str
+    actions: str
+    trajectories: str
+
+
+def stream_assignment(num_env_ranks: int, stages: int, num_rollout_ranks: int) -> Dict[int, List]:
+    """Rollout rank -> streams ``(env_rank, stage)`` it serves (round robin, balanced)."""
+    out: Dict[int, List] = {k: [] for k in range(num_rollout_ranks)}
+    for i in range(num_env_ranks * stages):
+        out[i % num_rollout_ranks].append(divmod(i, stages))
+    return out
+
+
+def request_seed(run_seed: int, iteration: int, stream: int, step: int, phase: int = 0) -> int:
+    """Sampling seed of one policy query: a pure function of where it sits in the run."""
+    return (((run_seed * 1_000_003 + phase) * 100_003 + iteration) * 1009 + stream) * 10_007 + step
+
+
+class EnvWorker(Worker):
+    """One rank of the env group.
+
+    Args:
+        cfg: the job config.
+        channels: the run's channel names.
+        num_rollout_ranks: size of the rollout group (for request routing).
+        num_actor_ranks: size of the actor group (trajectory of env rank r goes to actor
+            ``r % num_actor_ranks``).
+        video_dir: where evaluation videos go (None: no videos).
+    """
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        channels: ChannelNames,
+        num_rollout_ranks: int,
+        num_actor_ranks: int,
+        video_dir: Optional[str] = None,
+    ):
+        from rlinf_embodied.envs import make_env
+
+        self.cfg = cfg
+        self.stages = cfg.trainer.pipeline_stages
+        self.n_stream = cfg.env.num_envs // (self.world_size * self.stages)
+        env_cfg = dataclasses.replace(cfg.env, num_envs=self.n_stream, video=False)
+        self.envs = [make_env(env_cfg) for _ in range(self.stages)]
+        self.obs_ch = Channel.connect(channels.obs)
+        self.act_ch = Channel.connect(channels.actions)
+        self.traj_ch = Channel.connect(channels.trajectories)
+        self.channels = channels
+        assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
+        self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}
+        self.actor_rank = self.rank % num_actor_ranks
+        self.video_dir = video_dir
+        self._eval_env = None
+        self.env_time_s = 0.0
+
+    # -- facts ------------------------------------------------------------------------------
+    def max_episode_steps(self) -> Optional[int]:
+        """The envs' time limit in env steps (None: none)."""
+        return self.envs[0].max_episode_steps
+
+    def space_spec(self) -> dict:
+        """The :class:`~rlinf_embodied.policies.base.SpaceSpec` of the envs, as a dict."""
+        from rlinf_embodied.policies.base import SpaceSpec
+
+        env = self.envs[0]
+        obs, _ = env.reset(seed=0)
+        a = env.action_spec
+        spec = SpaceSpec(
+            action_low=None if a.discrete else a.low.tolist(),
+            action_high=None if a.discrete else a.high.tolist(),
+            action_n=a.n if a.discrete else None,
+            state_dim=int(obs["states"].shape[-1]) if "states" in obs else 0,
+            image_shape=tuple(obs["main_images"].shape[1:]) if "main_images" in obs else None,
+            wrist_image_shape=tuple(obs["wrist_images"].shape[1:]) if "wrist_images" in obs else None,
+        )
+        return spec.to_dict()
+
+    def _stream_id(self, stage: int) -> int:
+        return self.rank * self.stages + stage
+
+    def _request(self, env_id: int, obs: dict, seed: int, mode: str, values_only: bool) -> str:
+        reply = f"e{self.rank}s{env_id}"
+        self.obs_ch.put(
+            {"obs": obs, "seed": seed, "reply": reply, "mode": mode, "values_only": values_only},
+            key=f"r{self.route[env_id]}",
+            weight=self.n_stream,
+        )
+        return reply
+
+    def _reset_all(self, envs, iteration: int, phase: int) -> List[dict]:
+        """Fresh resets; GRPO groups of G consecutive envs share one seed (initial state)."""
+        out = []
+        base = self.cfg.run.seed * 1_000_000 + phase * 500_000 + iteration * 1_000
+        G = max(1, self.cfg.algorithm.group_size)
+        for s, env in enumerate(envs):
+            first = self._stream_id(s) * env.num_envs
+            if G == 1:
+                obs, _ = env.reset(seed=base + first)
+            else:
+                for i in range(env.num_envs):
+                    gseed = base + (first + i) // G
+                    obs, _ = env.reset(seed=gseed - i, env_ids=[i])  # env i is seeded seed + i
+            out.append(obs)
+        return out
+
+    # -- training rollout -------------------------------------------------------------------
+    def rollout(self, iteration: int) -> dict:
+        """Collect ``trainer.rollout_steps`` policy queries from every env of this rank.
+
+        Returns:
+            Episode statistics of episodes that finished in this rollout plus timings:
+            ``episodes``, ``success_once`` (sum), ``episode_return`` (sum), ``env_steps``,
+            ``env_time_s``.
+        """
+        T = self.cfg.trainer.rollout_steps
+        seed = self.cfg.run.seed
+        stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0}
+        t_env = 0.0
+        with self.device_lock(consumes=[self.channels.actions], share="rollout"):
+            obs = self._reset_all(self.envs, iteration, phase=0)
+            bufs = [_Trajectory(T) for _ in self.envs]
+            ep_ret = [torch.zeros(env.num_envs) for env in self.envs]
+            replies = [
+                self._request(s, obs[s], request_seed(seed, iteration, self._stream_id(s), 0), "sample", False)
+                for s in range(self.stages)
+            ]
+            for t in range(T):
+                for s, env in enumerate(self.envs):
+                    out = self.act_ch.get(key=replies[s])
+                    t0 = time.perf_counter()
+                    o, r, term, trunc, info = env.chunk_step(out["actions"])
+                    t_env += time.perf_counter() - t0
+                    valid = ~info["autoreset"].cpu().bool()
+                    rew = r.sum(-1).float().cpu()
+                    term_t, trunc_t = term.any(-1).cpu(), trunc.any(-1).cpu()
+                    bufs[s].add(out, rew, term_t, trunc_t, valid, info)
+                    stats["env_steps"] += int(info["num_substeps"].sum())
+                    ep_ret[s] += torch.where(valid, rew, torch.zeros_like(rew))
+                    done = (term_t | trunc_t) & valid
+                    if done.any():
+                        stats["episodes"] += int(done.sum())
+                        stats["success_once"] += float(info["success_once"].cpu()[done].float().sum())
+                        stats["episode_return"] += float(ep_ret[s][done].sum())
+                        ep_ret[s][done] = 0.0
+                    last = t == T - 1
+                    sd = request_seed(seed, iteration, self._stream_id(s), t + 1)
+                    replies[s] = self._request(s, o, sd, "sample", values_only=last)
+            for s in range(self.stages):
+                bufs[s].bootstrap = self.act_ch.get(key=replies[s])["values"]
+            group = torch.arange(self.rank * self.stages * self.n_stream,
+                                 (self.rank + 1) * self.stages * self.n_stream)
+            traj = _Trajectory.concat(bufs)
+            traj["group_ids"] = group // max(1, self.cfg.algorithm.group_size)
+            self.traj_ch.put(traj, key=f"a{self.actor_rank}", weight=traj["rewards"].numel())
+        stats["env_time_s"] = t_env
+        return stats
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:
+        """Fair evaluation: fixed-length episodes (terminations ignored), greedy actions.
+
+        Uses seeds disjoint from training (``eval.seed_offset``). Each rank runs
+        ``num_episodes / world_size`` episodes in one batch.
+
+        Returns:
+            ``episodes``, ``success_once`` and ``success_at_end`` (sums), ``episode_return``
+            (sum), ``videos`` (paths).
+        """
+        from rlinf_embodied.envs import make_env
+
+        n = max(1, num_episodes // self.world_size)
+        if self._eval_env is None or self._eval_env.num_envs != n:
+            if self._eval_env is not None:
+                self._eval_env.close()
+            env_cfg = dataclasses.replace(
+                self.cfg.env, num_envs=n, ignore_terminations=True, video=False
+            )
+            self._eval_env = make_env(env_cfg)
+        env = self._eval_env
+        steps = env.max_episode_steps or self.cfg.trainer.rollout_steps
+        K = max(1, self.cfg.policy.action_chunk)
+        queries = -(-steps // K)
+        frames: List[List[Any]] = []
+        with self.device_lock(consumes=[self.channels.actions], share="rollout"):
+            base = self.cfg.eval.seed_offset + self.cfg.run.seed * 1000 + self.rank * n
+            obs, _ = env.reset(seed=base + iteration * 7919)
+            ret = torch.zeros(n)
+            succ_once = torch.zeros(n, dtype=torch.bool)
+            success = torch.zeros(n, dtype=torch.bool)
+            for q in range(queries):
+                if num_videos:
+                    frames.append(_frame(obs, num_videos, success))
+                sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
+                reply = self._request_eval(obs, sd)
+                out = self.act_ch.get(key=reply)
+                obs, r, term, trunc, info = env.chunk_step(out["actions"])
+                ret += r.sum(-1).float().cpu()
+                success = info["success"].cpu().bool()
+                succ_once |= info["success_once"].cpu().bool()
+        videos = self._write_videos(frames, iteration, num_videos) if num_videos else []
+        return {
+            "episodes": n,
+            "success_once": float(succ_once.float().sum()),
+            "success_at_end": float(success.float().sum()),
+            "episode_return": float(ret.sum()),
+            "videos": videos,
+        }
+
+    def _request_eval(self, obs: dict, seed: int) -> str:
+        reply = f"e{self.rank}eval"
+        self.obs_ch.put(
+            {"obs": obs, "seed": seed, "reply": reply, "mode": "greedy", "values_only": False},
+            key=f"r{self.route[0]}",
+        )
+        return reply
+
+    def _write_videos(self, frames, iteration: int, num_videos: int) -> List[str]:
+        if not self.video_dir or not frames:
+            return []
+        import imageio.v2 as imageio
+
+        out_dir = Path(self.video_dir) / f"iter_{iteration:06d}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for i in range(min(num_videos, len(frames[0]))):
+            path = out_dir / f"rank{self.rank}_episode{i}.mp4"
+            tmp = path.with_suffix(".tmp.mp4")
+            with imageio.get_writer(tmp, fps=10, macro_block_size=1) as w:
+                for f in frames:
+                    w.append_data(f[i])
+            tmp.replace(path)
+            paths.append(str(path))
+        return paths
+
+    def close(self) -> None:
+        """Close every env (their processes and files)."""
+        for env in self.envs:
+            env.close()
+        if self._eval_env is not None:
+            self._eval_env.close()
+
+
+def _frame(obs: dict, k: int, success: torch.Tensor) -> List[Any]:
+    """(H, W, 3) uint8 frames of the first k envs; a state bar chart when there are no images."""
+    import numpy as np
+
+    if "main_images" in obs:
+        imgs = obs["main_images"][:k].cpu().numpy()
+        if "wrist_images" in obs:
+            wrist = obs["wrist_images"][:k].cpu().numpy()
+            if wrist.shape[1] == imgs.shape[1]:
+                imgs = np.concatenate([imgs, wrist], axis=2)
+        out = [im.copy() for im in imgs]
+    else:
+        states = obs["states"][:k].cpu().numpy()
+        out = []
+        for s in states:
+            img = np.full((64, 8 * len(s), 3), 255, np.uint8)
+            h = np.clip((np.tanh(s) * 30).astype(int), -30, 30)
+            for j, v in enumerate(h):
+                lo, hi = sorted((32, 32 - v))
+                img[lo:hi + 1, 8 * j:8 * j + 6] = (40, 90, 200)
+            out.append(img)
+    for i, im in enumerate(out):  # green border once the task is solved
+        if i < len(success) and bool(success[i]):
+            im[:3], im[-3:], im[:, :3], im[:, -3:] = 0, 0, 0, 0
+            im[:3, :, 1] = im[-3:, :, 1] = im[:, :3, 1] = im[:, -3:, 1] = 255
+    return out
+
+
+class _Trajectory:
+    """Time-major buffers of one stream: T policy queries of n envs."""
+
+    def __init__(self, T: int):
+        self.T = T
+        self.steps: List[dict] = []
+        self.bootstrap: Optional[torch.Tensor] = None
+
+    def add(self, out: dict, rew, term, trunc, valid, info) -> None:
+        self.steps.append(
+            {
+                "actions": out["actions"],
+                "logprobs": out["logprobs"],
+                "values": out["values"],
+                "forward_inputs": out["forward_inputs"],
+                "rewards": rew,
+                "terminations": term,
+                "truncations": trunc,
+                "valid": valid,
+                "success": info["success_once"].cpu().bool(),
+            }
+        )
+
+    def to_dict(self) -> dict:
+        st = self.steps
+        d = {k: torch.stack([s[k] for s in st]) for k in st[0] if k not in ("forward_inputs", "values")}
+        d["forward_inputs"] = {k: torch.stack([s["forward_inputs"][k] for s in st]) for k in st[0]["forward_inputs"]}
+        if st[0]["values"] is not None:
+            d["values"] = torch.stack([s["values"] for s in st] + [self.bootstrap])
+        return d
+
+    @staticmethod
+    def concat(bufs: List["_Trajectory"]) -> dict:
+        """Concatenate streams along the env axis (dim 1)."""
+        parts = [b.to_dict() for b in bufs]
+        out = {}
+        for k, v in parts[0].items():
+            if isinstance(v, dict):
+                out[k] = {kk: torch.cat([p[k][kk] for p in parts], 1) for kk in v}
+            else:
+                out[k] = torch.cat([p[k] for p in parts], 1)
+        return out
