@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import os
+import uuid
 from typing import Any, Hashable
 
 import ray
@@ -35,7 +37,14 @@ INLINE_BYTES = 64 * 1024
 actor instead of the object store (Ray itself inlines task arguments below 100 KiB)."""
 
 _ACTOR_PREFIX = "rlinf_channel:"
+PUT_PIPELINE = 4
+"""Puts a producer process may have in flight before ``put`` waits for the oldest to be
+accepted. Hides the queue actor's round trip (so a channel moves data about as fast as plain
+``ray.put``/``ray.get``, see benchmarks/bench_channel.py); back-pressure still holds, a producer
+runs at most this many items past a full channel."""
+
 _recent_puts: set[str] = set()
+_in_flight: collections.deque = collections.deque()  # this process's unacknowledged puts
 _created: dict[str, Any] = {}  # keeps channels alive for the creating process's lifetime
 
 
@@ -51,6 +60,46 @@ def take_recent_puts() -> set[str]:
     names = set(_recent_puts)
     _recent_puts.difference_update(names)
     return names
+
+
+def flush_puts() -> None:
+    """Wait until every ``put`` this process made has been accepted by its channel.
+
+    Worker methods and device-lock releases call it, so a worker's puts are in their channels
+    once its method returns or its devices are handed over.
+    """
+    while _in_flight:
+        ray.get(_in_flight.popleft())
+
+
+@dataclasses.dataclass
+class _ReadAhead:
+    """A get request issued before the consumer asked (``prefetch``), not yet consumed."""
+
+    channel: "Channel"
+    request_id: str
+    ref: ray.ObjectRef
+
+
+_read_ahead: dict[tuple[str, Hashable, str], _ReadAhead] = {}  # (channel, key, consumer)
+_request_ids = itertools.count()
+
+
+def release_prefetched() -> None:
+    """Withdraw this process's read-ahead requests, returning items they already took.
+
+    Worker methods call it on return, so a prefetching consumer never strands an item.
+    """
+    while _read_ahead:
+        (_, key, consumer), pending = _read_ahead.popitem()
+        actor = pending.channel._actor
+        try:
+            ray.get(actor.cancel.remote(pending.request_id))
+            entry = ray.get(pending.ref)
+            if entry is not None:
+                ray.get(actor.unget.remote(entry, key, consumer))
+        except ray.exceptions.RayActorError:
+            pass  # the channel is gone, and its items with it
 
 
 @dataclasses.dataclass
@@ -70,8 +119,12 @@ class _Entry:
 class _ChannelQueue:
     """The queue actor (async): FIFO per key, weight-balanced dealing of unkeyed items."""
 
-    def __init__(self, name: str, maxsize: int, device: str | None, inline_bytes: int) -> None:
-        self._config = dict(name=name, maxsize=maxsize, device=device, inline_bytes=inline_bytes)
+    def __init__(
+        self, name: str, maxsize: int, device: str | None, inline_bytes: int, instance: str
+    ) -> None:
+        self._config = dict(
+            name=name, maxsize=maxsize, device=device, inline_bytes=inline_bytes, instance=instance
+        )
         self._maxsize = maxsize
         self._cond = asyncio.Condition()
         self._keyed: dict[Hashable, collections.deque[_Entry]] = collections.defaultdict(
@@ -81,8 +134,12 @@ class _ChannelQueue:
         self._assigned: dict[str, collections.deque[_Entry]] = {}
         self._load: dict[str, float] = {}
         self._size = 0
-        self._put_order: collections.deque[int] = collections.deque()
-        self._next_ticket = 0
+        # Ray may start an async actor's calls out of submission order, so each producer
+        # numbers its puts and they are applied in that order.
+        self._next_seq: dict[str, int] = collections.defaultdict(int)
+        self._abandoned: dict[str, set[int]] = collections.defaultdict(set)
+        self._requests: dict[str, asyncio.Task] = {}  # read-ahead gets, cancellable by id
+        self._cancelled: set[str] = set()  # cancels that arrived before their get
 
     def config(self) -> dict:
         return self._config
@@ -102,38 +159,74 @@ class _ChannelQueue:
             self._load[consumer] = min(self._load.values(), default=0.0)
             self._assigned[consumer] = collections.deque()
 
-    async def put(self, entry: _Entry, key: Hashable, timeout: float | None) -> bool:
+    async def put(
+        self, entry: _Entry, key: Hashable, producer: str, seq: int, timeout: float | None
+    ) -> bool:
         async with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._put_order.append(ticket)  # puts complete in arrival order, even when blocked
-            has_room = lambda: self._put_order[0] == ticket and not self._full()  # noqa: E731
-            if not await self._wait(has_room, timeout):
-                self._put_order.remove(ticket)
-                self._cond.notify_all()
-                return False
-            self._put_order.popleft()
-            (self._pool if key is None else self._keyed[key]).append(entry)
-            self._size += 1
+            my_turn = lambda: self._next_seq[producer] == seq and not self._full()  # noqa: E731
+            accepted = await self._wait(my_turn, timeout)
+            if accepted:
+                (self._pool if key is None else self._keyed[key]).append(entry)
+                self._size += 1
+            if self._next_seq[producer] == seq:
+                self._advance(producer)
+            else:  # timed out behind an earlier put of the same producer: skip this number
+                self._abandoned[producer].add(seq)
             self._cond.notify_all()
-            return True
+            return accepted
 
-    async def get(self, key: Hashable, consumer: str, timeout: float | None) -> _Entry | None:
+    def _advance(self, producer: str) -> None:
+        self._next_seq[producer] += 1
+        while self._next_seq[producer] in self._abandoned[producer]:
+            self._abandoned[producer].remove(self._next_seq[producer])
+            self._next_seq[producer] += 1
+
+    async def get(
+        self, key: Hashable, consumer: str, timeout: float | None, request_id: str | None = None
+    ) -> _Entry | None:
+        if request_id in self._cancelled:
+            self._cancelled.discard(request_id)
+            return None
+        if request_id is not None:
+            self._requests[request_id] = asyncio.current_task()
+        try:
+            async with self._cond:
+                if key is None:
+                    self._register(consumer)
+                taken: list[_Entry] = []
+
+                def ready() -> bool:
+                    entry = self._take(key, consumer)
+                    taken.extend([entry] if entry is not None else [])
+                    return bool(taken)
+
+                if not await self._wait(ready, timeout):
+                    return None
+                self._size -= 1
+                self._cond.notify_all()
+                return taken[0]
+        except asyncio.CancelledError:  # a read-ahead withdrawn by cancel(): nothing was taken
+            return None
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def cancel(self, request_id: str) -> None:
+        task = self._requests.get(request_id)
+        if task is not None:
+            task.cancel()
+        else:  # the get has not started (or has finished; then this entry is never read)
+            self._cancelled.add(request_id)
+
+    async def unget(self, entry: _Entry, key: Hashable, consumer: str) -> None:
+        """Return an entry a consumer took but will not use to the head of its queue."""
         async with self._cond:
             if key is None:
-                self._register(consumer)
-            taken: list[_Entry] = []
-
-            def ready() -> bool:
-                entry = self._take(key, consumer)
-                taken.extend([entry] if entry is not None else [])
-                return bool(taken)
-
-            if not await self._wait(ready, timeout):
-                return None
-            self._size -= 1
+                self._load[consumer] -= entry.weight
+                self._pool.appendleft(entry)
+            else:
+                self._keyed[key].appendleft(entry)
+            self._size += 1
             self._cond.notify_all()
-            return taken[0]
 
     def _full(self) -> bool:
         return 0 < self._maxsize <= self._size
@@ -185,12 +278,14 @@ class Channel:
         maxsize: Items held before ``put`` blocks (<= 0: unbounded).
     """
 
-    def __init__(self, name: str, actor, config: dict) -> None:
+    def __init__(self, name: str, actor, config: dict, prefetch: bool = False) -> None:
         self.name = name
         self._actor = actor
         self.device = config["device"]
         self.maxsize = config["maxsize"]
         self._inline_bytes = config["inline_bytes"]
+        self._instance = config["instance"]
+        self.prefetch = prefetch
 
     @classmethod
     def create(
@@ -216,7 +311,13 @@ class Channel:
         """
         if device not in (None, "cpu"):
             raise ValueError(f"Channel device must be None or 'cpu' (got {device!r}).")
-        config = dict(name=name, maxsize=maxsize, device=device, inline_bytes=inline_bytes)
+        config = dict(
+            name=name,
+            maxsize=maxsize,
+            device=device,
+            inline_bytes=inline_bytes,
+            instance=uuid.uuid4().hex,  # numbers puts per channel instance, not per name
+        )
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         try:
             actor = _QueueActor.options(
@@ -227,12 +328,20 @@ class Channel:
                 f"Channel {name!r} already exists; use Channel.connect({name!r}) to reach it or "
                 f"choose another name."
             ) from err
+        ray.get(actor.qsize.remote())  # started: the first put does not pay for it
         _created[name] = actor
         return cls(name, actor, config)
 
     @classmethod
-    def connect(cls, name: str) -> "Channel":
+    def connect(cls, name: str, prefetch: bool = False) -> "Channel":
         """Handle to an existing channel.
+
+        Args:
+            name: The channel's name.
+            prefetch: Consumer read-ahead: after each ``get`` the next request is already
+                issued, hiding the queue round trip in consumer loops. Outstanding read-aheads
+                are withdrawn (items returned to the queue) when a worker method returns, or by
+                :func:`release_prefetched` in the driver.
 
         Raises:
             ValueError: If no channel with this name exists (in this Ray namespace).
@@ -243,29 +352,51 @@ class Channel:
             raise ValueError(
                 f"No channel named {name!r}; create it first with Channel.create({name!r})."
             ) from err
-        return cls(name, actor, ray.get(actor.config.remote()))
+        return cls(name, actor, ray.get(actor.config.remote()), prefetch)
+
+    def with_prefetch(self, prefetch: bool = True) -> "Channel":
+        """A handle to the same channel with consumer read-ahead on or off (see :meth:`connect`)."""
+        return Channel(self.name, self._actor, self._config(), prefetch)
+
+    def _config(self) -> dict:
+        return dict(
+            device=self.device,
+            maxsize=self.maxsize,
+            inline_bytes=self._inline_bytes,
+            instance=self._instance,
+        )
 
     def __reduce__(self):
-        config = dict(device=self.device, maxsize=self.maxsize, inline_bytes=self._inline_bytes)
-        return (Channel, (self.name, self._actor, config))
+        return (Channel, (self.name, self._actor, self._config(), self.prefetch))
 
     # ---- producer side ---------------------------------------------------------------------
 
     def put(
         self, item: Any, key: Hashable | None = None, weight: float = 1.0, timeout: float | None = None
     ) -> None:
-        """Enqueue ``item``; blocks while the channel holds ``maxsize`` items.
+        """Enqueue ``item``; blocks while the channel is full.
+
+        Without a timeout the put is pipelined: it returns once the item is on its way, with
+        at most ``PUT_PIPELINE`` puts of this process unacknowledged (see :func:`flush_puts`).
+        Items from one process keep their order.
 
         Args:
             item: Any picklable structure; tensors may be on CPU or an accelerator.
             key: Route to consumers calling ``get(key)``; None for balanced dealing.
             weight: Load of the item (env steps, tokens) used to balance unkeyed consumers.
-            timeout: Seconds to wait for room; None waits forever.
+            timeout: Seconds to wait for room; None waits as long as needed. With a timeout
+                the put is synchronous.
 
         Raises:
             ChannelTimeout: If no room was free within ``timeout``.
         """
-        if not ray.get(self.put_async(item, key, weight, timeout)):
+        ref = self.put_async(item, key, weight, timeout)
+        if timeout is None:
+            _in_flight.append(ref)
+            while len(_in_flight) > PUT_PIPELINE:
+                ray.get(_in_flight.popleft())
+            return
+        if not ray.get(ref):
             raise ChannelTimeout(
                 f"Channel {self.name!r} stayed full ({self.maxsize} items) for {timeout} s; "
                 f"consume faster, raise maxsize or the timeout."
@@ -281,7 +412,8 @@ class Channel:
             False if ``timeout`` expired first.
         """
         _recent_puts.add(self.name)
-        return self._actor.put.remote(self._pack(item, weight), key, timeout)
+        seq = next(_put_seq[self._instance])
+        return self._actor.put.remote(self._pack(item, weight), key, _producer_id(), seq, timeout)
 
     def _pack(self, item: Any, weight: float) -> _Entry:
         if dev.has_accelerator_tensors(item):
@@ -293,7 +425,9 @@ class Channel:
 
     # ---- consumer side ---------------------------------------------------------------------
 
-    def get(self, key: Hashable | None = None, timeout: float | None = None, consumer: str | None = None) -> Any:
+    def get(
+        self, key: Hashable | None = None, timeout: float | None = None, consumer: str | None = None
+    ) -> Any:
         """Dequeue the next item for ``key`` (FIFO), or a weight-balanced unkeyed item.
 
         Args:
@@ -304,31 +438,62 @@ class Channel:
         Raises:
             ChannelTimeout: If no item arrived within ``timeout``.
         """
-        entry = ray.get(self._request(key, timeout, consumer))
-        return self._unpack(entry, ray.get(entry.data[0]) if entry and not entry.inline else None, timeout)
+        slot, pending = self._slot(key, consumer)
+        if pending is None:
+            entry = ray.get(self._actor.get.remote(key, slot[2], timeout))  # queue-side timeout
+        else:
+            try:
+                entry = ray.get(pending.ref, timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                entry = self._keep_read_ahead(slot, pending)
+        self._accept(slot, entry, timeout)
+        return self._restore(entry.data if entry.inline else ray.get(entry.data[0]))
 
     async def get_async(
         self, key: Hashable | None = None, timeout: float | None = None, consumer: str | None = None
     ) -> Any:
         """Awaitable :meth:`get` for async actors and asyncio code."""
-        entry = await self._request(key, timeout, consumer)
-        payload = await entry.data[0] if entry and not entry.inline else None
-        return self._unpack(entry, payload, timeout)
+        slot, pending = self._slot(key, consumer)
+        if pending is None:
+            entry = await self._actor.get.remote(key, slot[2], timeout)
+        else:
+            try:
+                entry = await asyncio.wait_for(asyncio.shield(pending.ref), timeout)
+            except asyncio.TimeoutError:
+                entry = self._keep_read_ahead(slot, pending)
+        self._accept(slot, entry, timeout)
+        return self._restore(entry.data if entry.inline else await entry.data[0])
+
+    def _slot(self, key, consumer) -> tuple[tuple, _ReadAhead | None]:
+        """The (channel, key, consumer) slot of a get and its outstanding read-ahead, if any."""
+        slot = (self.name, key, consumer or _consumer_id())
+        return slot, _read_ahead.pop(slot, None)
+
+    @staticmethod
+    def _keep_read_ahead(slot, pending: _ReadAhead) -> None:
+        _read_ahead[slot] = pending  # still outstanding: the next get waits for it
+        return None
+
+    def _accept(self, slot, entry: _Entry | None, timeout: float | None) -> None:
+        """Raise on timeout; with prefetch, issue the next request before fetching the payload,
+        so its round trip overlaps the fetch and the caller's work."""
+        if entry is None:
+            raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
+        if self.prefetch:
+            request_id = f"{os.getpid()}-{next(_request_ids)}"
+            _, key, consumer = slot
+            ref = self._actor.get.remote(key, consumer, None, request_id)
+            _read_ahead[slot] = _ReadAhead(self, request_id, ref)
+
+    @staticmethod
+    def _restore(item: Any) -> Any:
+        if isinstance(item, _HostStaged):
+            return dev.to_worker_device(item.tree, dev.process_devices())
+        return item
 
     def register(self, consumer: str | None = None) -> None:
         """Join the balanced (unkeyed) consumers before the first ``get``."""
         ray.get(self._actor.register.remote(consumer or _consumer_id()))
-
-    def _request(self, key, timeout, consumer) -> ray.ObjectRef:
-        return self._actor.get.remote(key, consumer or _consumer_id(), timeout)
-
-    def _unpack(self, entry: _Entry | None, payload: Any, timeout: float | None) -> Any:
-        if entry is None:
-            raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
-        item = entry.data if entry.inline else payload
-        if isinstance(item, _HostStaged):
-            item = dev.to_worker_device(item.tree, dev.process_devices())
-        return item
 
     def delete(self) -> None:
         """Destroy the channel (its queue actor and queued items); handles stop working."""
@@ -338,7 +503,9 @@ class Channel:
     # ---- introspection ---------------------------------------------------------------------
 
     def qsize(self) -> int:
-        """Items currently held (keyed, unassigned and assigned-but-not-taken)."""
+        """Items currently held (keyed, unassigned and assigned-but-not-taken), counting every
+        put this process has made."""
+        flush_puts()
         return ray.get(self._actor.qsize.remote())
 
     def loads(self) -> dict[str, float]:
@@ -350,6 +517,11 @@ class Channel:
 
 
 _consumer_cache: list[str] = []
+_put_seq: dict[str, itertools.count] = collections.defaultdict(itertools.count)
+
+
+def _producer_id() -> str:
+    return ray.get_runtime_context().get_worker_id()
 
 
 def _consumer_id() -> str:

@@ -105,6 +105,7 @@ class Worker:
     _ctx: WorkerContext
     _holding_lock = False
     _loaded = False
+    _switch_s = 0.0
     _lock_service: DeviceLock | None = None
 
     @property
@@ -177,19 +178,31 @@ class Worker:
         if self._lock_service is None:
             self._lock_service = DeviceLock.connect()
         ids = [d.global_id for d in self._ctx.devices]
+        t0 = time.perf_counter()
         self._lock_service.acquire(self.name, ids, consumes, timeout, share)
         take_recent_puts()  # only puts made while holding the devices count
         self._holding_lock = True
+        t1 = None
         try:
             self.onload()
+            self._switch_s += time.perf_counter() - t0
             try:
                 yield
             finally:
+                t1 = time.perf_counter()
                 self.offload()
         finally:
             self._holding_lock = False
             flush_puts()  # the consumer that gets the devices next finds the data in place
             self._lock_service.release(self.name, ids, take_recent_puts())
+            if t1 is not None:
+                self._switch_s += time.perf_counter() - t1
+
+    def context_switch_seconds(self) -> float:
+        """Seconds spent acquiring, onloading, offloading and releasing devices since the last
+        call (including any wait while another worker held them); resets the counter."""
+        s, self._switch_s = self._switch_s, 0.0
+        return s
 
     # ---- runtime internals, called through WorkerGroup ---------------------------------------
 
@@ -251,7 +264,7 @@ class _WorkerHost:
         except Exception as exc:  # reported by the group's first call, naming __init__
             self._init_failure = _Outcome.failure(exc, time.perf_counter() - start, "__init__")
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> _Outcome:
+    def call(self, method: str, /, *args, **kwargs) -> _Outcome:
         if self._init_failure is not None:
             return self._init_failure
         start = time.perf_counter()
@@ -551,9 +564,9 @@ class WorkerGroup:
             if per_rank:
                 rank_args = tuple(_pick(a, i, len(ranks), method) for a in args)
                 rank_kwargs = {k: _pick(v, i, len(ranks), method) for k, v in kwargs.items()}
-                refs.append(call.remote(method, rank_args, rank_kwargs))
+                refs.append(call.remote(method, *rank_args, **rank_kwargs))
             else:
-                refs.append(call.remote(method, args, kwargs))
+                refs.append(call.remote(method, *args, **kwargs))
         return CallHandle(self.name, method, ranks, refs)
 
     def init_process_group(self, timeout_s: float = 300.0) -> str:

@@ -27,6 +27,10 @@ class Peer(Worker):
             except ChannelTimeout:
                 return received
 
+    def take_with_prefetch(self, channel, key, n):
+        reader = channel.with_prefetch()
+        return [reader.get(key=key, timeout=30) for _ in range(n)]
+
     def echo_big(self, channel):
         item = channel.get(key="in")
         channel.put(item["t"] * 2, key="out")
@@ -99,3 +103,19 @@ def test_names_are_unique_and_connectable(cluster):
     with pytest.raises(ValueError, match="No channel named 'absent'"):
         Channel.connect("absent")
     assert Channel.connect("named").maxsize == 0
+
+
+def test_prefetch_never_strands_items(peers):
+    channel = Channel.create("read-ahead")
+    for i in range(5):
+        channel.put(i, key="k")
+    # The worker reads 2 with read-ahead; the third request is withdrawn when the method ends
+    # and the item it took goes back to the head of the queue.
+    assert peers.on([0]).take_with_prefetch(channel, "k", 2).wait(timeout=60) == [[0, 1]]
+    assert [channel.get(key="k", timeout=30) for _ in range(3)] == [2, 3, 4]
+    # Read-ahead on an empty key is cancelled too: a later item is not swallowed.
+    assert peers.on([1]).take_with_prefetch(channel, "k2", 0).wait(timeout=60) == [[]]
+    channel.put(1, key="k2")
+    assert peers.on([1]).take_with_prefetch(channel, "k2", 1).wait(timeout=60) == [[1]]
+    channel.put(2, key="k2")
+    assert channel.get(key="k2", timeout=30) == 2
