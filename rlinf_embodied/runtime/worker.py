@@ -331,31 +331,42 @@ class CallHandle:
             TimeoutError: ``timeout`` expired first.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        pending = {r: rank for r, rank in self._refs.items() if rank not in self._outcomes}
-        while pending:
-            budget = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            try:  # fast path: every rank answers within the budget, one round trip
-                outcomes = ray.get(list(pending), timeout=budget)
-                ready = list(pending)
-            except ray.exceptions.RayError:  # still running (GetTimeoutError) or a rank died
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-                outcomes = None
-            self._collect({ref: pending.pop(ref) for ref in ready}, outcomes)
-            if pending and deadline is not None and time.monotonic() >= deadline:
+        while not self._step(POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())):
+            if deadline is not None and time.monotonic() >= deadline:
+                busy = sorted(set(self.ranks) - set(self._outcomes))
                 raise TimeoutError(
                     f"{self.group}.{self.method}() did not finish within {timeout} s on ranks "
-                    f"{sorted(pending.values())}; raise the timeout or look for a stuck worker."
+                    f"{busy}; raise the timeout or look for a stuck worker."
                 )
         return [self._outcomes[rank].value for rank in self.ranks]
 
-    def _collect(self, ready: dict[ray.ObjectRef, int], outcomes: list | None) -> None:
-        if outcomes is None:
-            outcomes = [self._get_one(ref, rank) for ref, rank in ready.items()]
-        self._outcomes.update(zip(ready.values(), outcomes))
-        failed = sorted(rank for rank in ready.values() if self._outcomes[rank].error)
+    def poll(self) -> bool:
+        """Collect the ranks that finished, without blocking.
+
+        Returns:
+            True once every rank has finished.
+
+        Raises:
+            RemoteError, WorkerDiedError: As :meth:`wait`, as soon as a rank has failed.
+        """
+        return self._step(0.0)
+
+    def _step(self, budget: float) -> bool:
+        """Wait up to ``budget`` seconds, collect finished ranks, raise any failure."""
+        pending = {ref: rank for ref, rank in self._refs.items() if rank not in self._outcomes}
+        if pending:
+            try:  # fast path: every rank answers within the budget, one round trip
+                outcomes = ray.get(list(pending), timeout=max(0.0, budget))
+            except ray.exceptions.RayError:  # still running (GetTimeoutError) or a rank died
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+                outcomes = [self._get_one(ref, pending[ref]) for ref in ready]
+                pending = {ref: pending[ref] for ref in ready}
+            self._outcomes.update(zip(pending.values(), outcomes))
+        failed = sorted(rank for rank, o in self._outcomes.items() if o.error)
         if failed:
             o = self._outcomes[failed[0]]
             raise RemoteError(self.group, failed[0], o.method or self.method, o.error, o.traceback)
+        return len(self._outcomes) == len(self.ranks)
 
     def _get_one(self, ref: ray.ObjectRef, rank: int) -> _Outcome:
         try:
@@ -389,10 +400,7 @@ def wait_all(*handles: CallHandle, timeout: float | None = None) -> list[list[An
         TimeoutError: if ``timeout`` seconds pass first.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    while not all(h.done() for h in handles):
-        for h in handles:
-            if h.done():
-                h.wait()  # raises a failure now
+    while not all([h.poll() for h in handles]):  # a list: poll every handle, raise any failure
         if deadline is not None and time.monotonic() > deadline:
             busy = [f"{h.group}.{h.method}()" for h in handles if not h.done()]
             raise TimeoutError(f"{busy} did not finish within {timeout} s.")

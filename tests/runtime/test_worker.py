@@ -4,7 +4,14 @@ import time
 
 import pytest
 
-from rlinf_embodied.runtime import PerRank, RemoteError, Worker, WorkerDiedError, WorkerGroup
+from rlinf_embodied.runtime import (
+    PerRank,
+    RemoteError,
+    Worker,
+    WorkerDiedError,
+    WorkerGroup,
+    wait_all,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,6 +84,18 @@ def test_exception_names_group_rank_method_with_remote_traceback(group):
     assert (err.group, err.rank, err.method) == ("echo", 2, "fail")
     assert "echo[rank 2].fail() raised ValueError: the remote cause" in str(err)
     assert "_helper_that_fails" in err.remote_traceback  # the remote frames, not ours
+
+
+def test_failure_is_raised_again_and_seen_by_wait_all(group):
+    failing = group.on([1]).fail()
+    for _ in range(2):  # a failed handle keeps raising, it never returns partial results
+        with pytest.raises(RemoteError, match=r"echo\[rank 1\].fail\(\)"):
+            failing.wait(timeout=60)
+    slow = group.on([0], concurrent=True).sleep(6)
+    with pytest.raises(RemoteError, match=r"echo\[rank 2\].fail\(\)"):
+        wait_all(slow, group.on([2]).fail(), timeout=60)
+    assert not slow.done()  # raised at once, not after the sleeping call
+    assert slow.wait(timeout=60) == [0]
 
 
 def test_init_failure_is_reported(cluster):
