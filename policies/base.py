@@ -316,6 +316,11 @@ class Policy(nn.Module, abc.ABC):
             An :class:`Evaluation`; with unchanged weights its log-probs equal the rollout's.
         """
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """Submodules that FSDP2 shards as units of their own before the root (transformer
+        blocks of a VLA); small policies shard as one unit and return []."""
+        return []
+
     def predict_values(self, obs: Mapping[str, Any]) -> torch.Tensor:
         """State values (N,) of an observation batch (e.g. a truncated env's final
         observation, for GAE bootstrapping); no gradient.

@@ -67,6 +67,13 @@ class VLAPolicyBase(Policy):
         ValueError: the checkpoint's statistics do not match ``spec`` (names the fix).
     """
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """One FSDP2 unit per Llama decoder layer and ViT block (see prismatic.fsdp_block_classes)."""
+        from rlinf_embodied.policies.prismatic import fsdp_block_classes
+
+        classes = fsdp_block_classes()
+        return [m for m in self.modules() if isinstance(m, classes)]
+
     def __init__(self, config: VLAPolicyConfig, spec: SpaceSpec, proprio_dim: int | None = None):
         super().__init__(config, spec)
         if spec.discrete:

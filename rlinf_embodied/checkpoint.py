@@ -48,6 +48,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -108,6 +109,7 @@ def checkpoint_dir(run_dir: str | os.PathLike, name: str, keep: int = 3) -> Iter
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".tmp"))
+    tmp.chmod(0o755)
     try:
         yield tmp
         (tmp / _COMPLETE).write_text("ok\n")

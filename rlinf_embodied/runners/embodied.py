@@ -61,6 +61,8 @@ class EmbodiedRunner:
                 train = g.actor.train(it)
                 tm = train.wait()
                 m["time/train_s"] = time.perf_counter() - t0
+                m["time/context_switch_s"] = max(
+                    sum(grp.context_switch_seconds().wait()) for grp in (g.env, g.rollout, g.actor))
                 m.update({k: sum(d[k] for d in tm) / len(tm) for k in tm[0]})
                 steps = sum(s["env_steps"] for s in env_stats)
                 eps = sum(s["episodes"] for s in env_stats)

@@ -4,7 +4,7 @@ locks and placement. It knows nothing about robots or models.
 Importing this package imports Ray; ``import rlinf_embodied`` alone does not.
 """
 
-from rlinf_embodied.runtime.channel import Channel, ChannelTimeout
+from rlinf_embodied.runtime.channel import Channel, ChannelTimeout, flush_puts, release_prefetched
 from rlinf_embodied.runtime.cluster import Cluster
 from rlinf_embodied.runtime.device import Device
 from rlinf_embodied.runtime.device_lock import DeviceLock, LockEvent
@@ -37,5 +37,7 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
+    "flush_puts",
+    "release_prefetched",
     "wait_all",
 ]

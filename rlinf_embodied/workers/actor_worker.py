@@ -23,7 +23,7 @@ from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 from rlinf_embodied.workers.env_worker import ChannelNames
 
-__all__ = ["ActorWorker", "compute_advantages", "lr_lambda"]
+__all__ = ["ActorWorker", "compute_advantages", "lr_lambda", "update_policy"]
 
 
 def lr_lambda(schedule: str, total_iterations: int):
@@ -72,6 +72,94 @@ def compute_advantages(batch: dict, cfg: JobConfig) -> tuple[torch.Tensor, torch
     return adv, ret, valid
 
 
+def update_policy(policy, optimizer, batch: dict, cfg: JobConfig, iteration: int, rank: int = 0,
+                  device: str = "cpu", mean_across_ranks=lambda x: x) -> Dict[str, float]:
+    """One RL update of ``policy`` on a time-major batch (T, N): advantages, then
+    ``update_epochs`` x ``num_minibatches`` optimizer steps with micro-batch accumulation,
+    gradient clipping and the optional ``target_kl`` early stop (mean over ranks).
+
+    Shared by :class:`ActorWorker` (sharded) and the single-process baseline of
+    ``benchmarks/bench_train.py`` (unsharded), so both run the same math.
+
+    Returns:
+        Metrics averaged over the minibatches (``train/...``).
+    """
+    from rlinf_embodied.algorithms import get_loss
+
+    t, a = cfg.trainer, cfg.algorithm
+    dev = device
+    adv, ret, valid = compute_advantages(batch, cfg)
+    T, N = batch["rewards"].shape
+    flat = lambda x: x.reshape(T * N, *x.shape[2:]).to(dev)  # noqa: E731
+    data = {
+        "fi": {k: flat(v) for k, v in batch["forward_inputs"].items()},
+        "actions": flat(batch["actions"]),
+        "old_logprobs": flat(batch["logprobs"]),
+        "adv": flat(adv),
+        "ret": flat(ret),
+        "valid": flat(valid),
+    }
+    if "values" in batch:
+        data["old_values"] = flat(batch["values"][:-1])
+    B = T * N
+    n_mb = max(1, min(t.num_minibatches, B))
+    mb_size = B // n_mb
+    micro = t.micro_batch_size or mb_size
+    loss_fn = get_loss(a.loss)
+    gen = torch.Generator().manual_seed(cfg.run.seed * 100_003 + iteration * 101 + rank)
+    sums: Dict[str, float] = {}
+    count = 0
+    stop = False
+    for epoch in range(t.update_epochs):
+        perm = torch.randperm(B, generator=gen)
+        for m in range(n_mb):
+            idx = perm[m * mb_size:(m + 1) * mb_size]
+            n_valid = max(1, int(data["valid"][idx].sum()))
+            optimizer.zero_grad(set_to_none=True)
+            mb_metrics: Dict[str, float] = {}
+            for s in range(0, len(idx), micro):
+                sub = idx[s:s + micro]
+                mask = data["valid"][sub]
+                adv_mb = data["adv"][sub]
+                if a.normalize_advantages and a.advantage == "gae":
+                    sel = data["adv"][idx][data["valid"][idx]]
+                    if sel.numel() > 1:
+                        adv_mb = (adv_mb - sel.mean()) / (sel.std() + 1e-8)
+                ev = policy.evaluate({k: v[sub] for k, v in data["fi"].items()}, data["actions"][sub])
+                loss, met = loss_fn(
+                    logprobs=ev.logprobs, old_logprobs=data["old_logprobs"][sub], advantages=adv_mb,
+                    mask=mask, entropy=ev.entropy, values=ev.values,
+                    returns=data["ret"][sub] if ev.values is not None else None,
+                    old_values=data.get("old_values", torch.empty(0))[sub] if ev.values is not None and "old_values" in data else None,
+                    clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+                    dual_clip=a.dual_clip, value_clip=a.value_clip, value_coef=a.value_coef,
+                    entropy_coef=a.entropy_coef, ratio_level=cfg.policy.logprob_granularity,
+                )
+                share = int(mask.sum()) / n_valid
+                (loss * share).backward()
+                for k, v in met.items():
+                    mb_metrics[k] = mb_metrics.get(k, 0.0) + float(v) * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in policy.parameters() if p.requires_grad], t.max_grad_norm
+            )
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            optimizer.step()
+            mb_metrics["grad_norm"] = float(grad_norm)
+            for k, v in mb_metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+            if a.target_kl is not None and mean_across_ranks(mb_metrics.get("approx_kl", 0.0)) > a.target_kl:
+                stop = True
+                break
+        if stop:
+            break
+    out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
+    out["train/minibatches"] = float(count)
+    out["train/valid_fraction"] = float(valid.float().mean())
+    return out
+
+
 class ActorWorker(Worker):
     """One rank of the actor (training) group.
 
@@ -116,10 +204,11 @@ class ActorWorker(Worker):
             state = load_file(str(Path(checkpoint) / "policy" / "model.safetensors"))
             self.policy.load_state_dict(state)
         self.policy.to(self.torch_device)
+        # One FSDP2 unit per transformer block (VLAs), then the root; act/evaluate/predict_values
+        # are driven like forward() so they gather the root's parameters.
         kw = {"offload_policy": CPUOffloadPolicy()} if t.offload else {}
-        wrap = getattr(self.policy, "fsdp_wrap_modules", None)
-        for block in (wrap() if callable(wrap) else []):
-            fully_shard(block, **kw)
+        for unit in self.policy.fsdp_units():
+            fully_shard(unit, **kw)
         fully_shard(self.policy, **kw)
         for name in ("evaluate", "act", "predict_values"):
             register_fsdp_forward_method(self.policy, name)
@@ -167,80 +256,9 @@ class ActorWorker(Worker):
         return metrics
 
     def _update(self, batch: dict, iteration: int) -> Dict[str, float]:
-        from rlinf_embodied.algorithms import get_loss
-
-        cfg, t, a = self.cfg, self.cfg.trainer, self.cfg.algorithm
-        dev = self.torch_device
-        adv, ret, valid = compute_advantages(batch, cfg)
-        T, N = batch["rewards"].shape
-        flat = lambda x: x.reshape(T * N, *x.shape[2:]).to(dev)  # noqa: E731
-        data = {
-            "fi": {k: flat(v) for k, v in batch["forward_inputs"].items()},
-            "actions": flat(batch["actions"]),
-            "old_logprobs": flat(batch["logprobs"]),
-            "adv": flat(adv),
-            "ret": flat(ret),
-            "valid": flat(valid),
-        }
-        if "values" in batch:
-            data["old_values"] = flat(batch["values"][:-1])
-        B = T * N
-        n_mb = max(1, min(t.num_minibatches, B))
-        mb_size = B // n_mb
-        micro = t.micro_batch_size or mb_size
-        loss_fn = get_loss(a.loss)
-        gen = torch.Generator().manual_seed(cfg.run.seed * 100_003 + iteration * 101 + self.rank)
-        sums: Dict[str, float] = {}
-        count = 0
-        stop = False
-        for epoch in range(t.update_epochs):
-            perm = torch.randperm(B, generator=gen)
-            for m in range(n_mb):
-                idx = perm[m * mb_size:(m + 1) * mb_size]
-                n_valid = max(1, int(data["valid"][idx].sum()))
-                self.optimizer.zero_grad(set_to_none=True)
-                mb_metrics: Dict[str, float] = {}
-                for s in range(0, len(idx), micro):
-                    sub = idx[s:s + micro]
-                    mask = data["valid"][sub]
-                    adv_mb = data["adv"][sub]
-                    if a.normalize_advantages and a.advantage == "gae":
-                        sel = data["adv"][idx][data["valid"][idx]]
-                        if sel.numel() > 1:
-                            adv_mb = (adv_mb - sel.mean()) / (sel.std() + 1e-8)
-                    ev = self.policy.evaluate({k: v[sub] for k, v in data["fi"].items()}, data["actions"][sub])
-                    loss, met = loss_fn(
-                        logprobs=ev.logprobs, old_logprobs=data["old_logprobs"][sub], advantages=adv_mb,
-                        mask=mask, entropy=ev.entropy, values=ev.values,
-                        returns=data["ret"][sub] if ev.values is not None else None,
-                        old_values=data.get("old_values", torch.empty(0))[sub] if ev.values is not None and "old_values" in data else None,
-                        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                        dual_clip=a.dual_clip, value_clip=a.value_clip, value_coef=a.value_coef,
-                        entropy_coef=a.entropy_coef, ratio_level=cfg.policy.logprob_granularity,
-                    )
-                    share = int(mask.sum()) / n_valid
-                    (loss * share).backward()
-                    for k, v in met.items():
-                        mb_metrics[k] = mb_metrics.get(k, 0.0) + float(v) * share
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.policy.parameters() if p.requires_grad], t.max_grad_norm
-                )
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
-                self.optimizer.step()
-                mb_metrics["grad_norm"] = float(grad_norm)
-                for k, v in mb_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-                if a.target_kl is not None and self._mean_across_ranks(mb_metrics.get("approx_kl", 0.0)) > a.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
-        out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
-        out["train/minibatches"] = float(count)
-        out["train/valid_fraction"] = float(valid.float().mean())
-        return out
+        return update_policy(self.policy, self.optimizer, batch, self.cfg, iteration,
+                             rank=self.rank, device=self.torch_device,
+                             mean_across_ranks=self._mean_across_ranks)
 
     def _mean_across_ranks(self, value: float) -> float:
         if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -42,6 +42,7 @@ class RolloutWorker(Worker):
         self.act_ch = Channel.connect(channels.actions)
         self.channels = channels
         self.requests = 0
+        self._has_critic = True
 
     def onload(self) -> None:
         self.policy.to(self.torch_device)
@@ -92,8 +93,14 @@ class RolloutWorker(Worker):
     @torch.no_grad()
     def _answer(self, req: dict) -> dict[str, Any]:
         obs = req["obs"]
-        if req["values_only"]:
-            return {"values": self.policy.predict_values(obs)}
+        if req["values_only"]:  # bootstrap values after the last step (None without a critic)
+            if not self._has_critic:
+                return {"values": None}
+            try:
+                return {"values": self.policy.predict_values(obs)}
+            except NotImplementedError:
+                self._has_critic = False
+                return {"values": None}
         torch.manual_seed(req["seed"])
         out = self.policy.act(obs, mode=req["mode"])
         return {

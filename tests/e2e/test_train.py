@@ -56,8 +56,6 @@ def test_placement_equivalence(ray_session, tmp_path):
         EmbodiedRunner(cfg, tmp_path / p).run()
         runs[p] = weights(tmp_path / p)
     assert_same(runs["collocated"], runs["disaggregated"])
-    init = make_cfg(tmp_path, iterations=0)
-    EmbodiedRunner(init, tmp_path / "init").run() if False else None
     # Training moved the weights (the comparison above is not between two untouched models).
     first = next(iter(runs["collocated"].values()))
     assert first.abs().sum() > 0
@@ -75,10 +73,39 @@ def test_resume_is_exact(ray_session, tmp_path):
     assert_same(weights(tmp_path / "full"), weights(tmp_path / "resumed"))
 
 
+def holders_never_overlap(trace):
+    """Replay a lock trace: the actor never holds a device while env/rollout do, and vice versa."""
+    held = {}
+    for _, device, worker, event in trace:
+        now = held.setdefault(device, set())
+        if event == "acquire":
+            now.add(worker)
+            roles = {w.split("[")[0] for w in now}
+            assert not ("actor" in roles and roles & {"env", "rollout"}), (device, sorted(now))
+        elif event == "release":
+            now.discard(worker)
+    return True
+
+
 def test_run_directory_contents(ray_session, tmp_path):
+    from rlinf_embodied.runtime import DeviceLock
+
+    lock = DeviceLock.connect()
+    lock.clear_trace()
     cfg = make_cfg(tmp_path, iterations=2, overrides=["trainer.eval_every=2", "eval.num_episodes=2", "eval.num_videos=1"])
     run = tmp_path / "run"
     EmbodiedRunner(cfg, run).run()
+    trace = lock.trace()
+    acquired = {w.split("[")[0] for _, _, w, e in trace if e == "acquire"}
+    assert acquired == {"env", "rollout", "actor"}  # collocated: every group context-switches
+    assert holders_never_overlap(trace)
+    # env and rollout hold device 0 together during a rollout (one sharing party)
+    together = False
+    held = set()
+    for _, d, w, e in trace:
+        held.add(w) if e == "acquire" else held.discard(w) if e == "release" else None
+        together |= {x.split("[")[0] for x in held} >= {"env", "rollout"}
+    assert together
     assert (run / "config.yaml").exists() and load_config(run / "config.yaml").trainer.iterations == 2
     hist = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in hist] == [1, 2]

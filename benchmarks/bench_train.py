@@ -1,0 +1,146 @@
+"""Training throughput: the framework against a single-process loop, pipelining, context switching.
+
+Prints one JSON line last:
+
+* ``framework_vs_single_process``: env steps/s of the PushCube PPO job (collocated, Ray
+  workers, FSDP actor) over a single-process CleanRL-style PPO loop on the same env pool and the
+  same model and update code (``update_policy``). Target >= 0.85.
+* ``pipeline2_vs_1``: rollout throughput with ``trainer.pipeline_stages=2`` over 1, envs
+  in-process in the env worker (one core) and a policy whose inference time is close to the
+  env step time on the rollout worker (the other core). Target >= 1.6 (limit 2.0).
+* ``context_switch_ms``: per-iteration device-lock acquire + onload + offload + release overhead
+  in collocated mode (the max over groups; on CPU onload/offload move nothing).
+
+Usage: ``python benchmarks/bench_train.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlinf_embodied.config import load_config  # noqa: E402
+
+MAIN = ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml"
+
+
+def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float]:
+    """(env steps/s after the first iteration, mean context switch ms per iteration)."""
+    from rlinf_embodied.runners.embodied import EmbodiedRunner
+
+    EmbodiedRunner(cfg, run_dir).run()
+    hist = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = hist[-1]["env_steps"] - hist[0]["env_steps"]
+    secs = hist[-1]["time_s"] - hist[0]["time_s"]
+    switch = [h["time/context_switch_s"] for h in hist[1:]]
+    return steps / secs, 1000 * sum(switch) / max(1, len(switch))
+
+
+def single_process_steps_per_s(cfg) -> float:
+    """CleanRL-style loop: one process, same env pool, same policy and update code."""
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.policies import build_policy
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.workers.actor_worker import update_policy
+
+    torch.set_num_threads(1)
+    env = make_env(cfg.env)
+    obs, _ = env.reset(seed=0)
+    a = env.action_spec
+    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
+                     state_dim=int(obs["states"].shape[-1]))
+    torch.manual_seed(cfg.run.seed)
+    policy = build_policy(cfg.policy, spec)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
+    T = cfg.trainer.rollout_steps
+    steps, t_start = 0, None
+    for it in range(cfg.trainer.iterations):
+        if it == 1:
+            t_start, steps = time.perf_counter(), 0
+        obs, _ = env.reset(seed=1000 * it)
+        rec = []
+        for t in range(T):
+            with torch.no_grad():
+                out = policy.act(obs)
+            obs, r, term, trunc, info = env.chunk_step(out.actions)
+            rec.append((out, r.sum(-1).float(), term.any(-1), trunc.any(-1), ~info["autoreset"].bool()))
+            steps += int(info["num_substeps"].sum())
+        with torch.no_grad():
+            last = policy.predict_values(obs)
+        batch = {
+            "actions": torch.stack([o.actions for o, *_ in rec]),
+            "logprobs": torch.stack([o.logprobs for o, *_ in rec]),
+            "values": torch.stack([o.values for o, *_ in rec] + [last]),
+            "forward_inputs": {k: torch.stack([o.forward_inputs[k] for o, *_ in rec])
+                               for k in rec[0][0].forward_inputs},
+            "rewards": torch.stack([x[1] for x in rec]),
+            "terminations": torch.stack([x[2] for x in rec]),
+            "truncations": torch.stack([x[3] for x in rec]),
+            "valid": torch.stack([x[4] for x in rec]),
+        }
+        update_policy(policy, opt, batch, cfg, it)
+    env.close()
+    return steps / (time.perf_counter() - t_start)
+
+
+def rollout_steps_per_s(cfg, stages: int, iterations: int) -> float:
+    """Env steps/s of rollouts only (no training) with ``stages`` pipeline stages."""
+    from rlinf_embodied.runners.setup import launch_groups
+    from rlinf_embodied.runtime import PerRank, wait_all
+
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
+    with tempfile.TemporaryDirectory() as d:
+        g = launch_groups(cfg, Path(d), f"bench-pipe{stages}-{os.getpid()}", None)
+        try:
+            g.sync.push(0)
+            steps, t0 = 0, None
+            for it in range(iterations + 1):
+                if it == 1:
+                    t0, steps = time.perf_counter(), 0
+                out = wait_all(g.env.rollout(it), g.rollout.serve(PerRank(g.requests_per_rank), 0))[0]
+                steps += sum(s["env_steps"] for s in out)
+                g.actor.on(list(range(g.actor.world_size))).train(it).wait()  # drain trajectories
+            return steps / (time.perf_counter() - t0)
+        finally:
+            g.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (about 3 minutes)")
+    args = ap.parse_args()
+    iters = 4 if args.quick else 8
+    common = [f"trainer.iterations={iters}", "trainer.eval_every=0", "trainer.save_every=0",
+              "logging.tensorboard=false", "logging.console=false", "trainer.max_time_s=null"]
+    result = {"quick": args.quick}
+    with tempfile.TemporaryDirectory() as d:
+        cfg = load_config(MAIN, common + [f"run.dir={d}/fw"])
+        fw, switch_ms = framework_steps_per_s(cfg, Path(d) / "fw")
+    sp = single_process_steps_per_s(cfg)
+    result.update(framework_steps_per_s=round(fw, 1), single_process_steps_per_s=round(sp, 1),
+                  framework_vs_single_process=round(fw / sp, 3), context_switch_ms=round(switch_ms, 2))
+    # Pipelining: envs in the env worker's process (one core), a policy as slow as the envs.
+    pipe = load_config(MAIN, common + ["env.num_processes=0", "env.num_envs=16",
+                                       "policy.hidden_sizes=[1024,1024,1024]", "trainer.rollout_steps=25",
+                                       "placement=disaggregated", "cluster.num_cpu_devices=3",
+                                       "trainer.update_epochs=1", "trainer.num_minibatches=1"])
+    p1 = rollout_steps_per_s(pipe, 1, iters // 2)
+    p2 = rollout_steps_per_s(pipe, 2, iters // 2)
+    result.update(rollout1_steps_per_s=round(p1, 1), rollout2_steps_per_s=round(p2, 1),
+                  pipeline2_vs_1=round(p2 / p1, 3))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
