@@ -118,7 +118,7 @@ def eval_command(
     except KeyboardInterrupt:
         typer.echo(f"interrupted; finished episodes are in {output}; run the same command to "
                    "resume.", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     from rlinf_embodied.eval.report import markdown_table
 
     typer.echo(markdown_table(results))

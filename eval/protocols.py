@@ -346,30 +346,27 @@ def warn_versions(protocol: Protocol) -> List[str]:
 # --------------------------------------------------------------------------------------------
 # The protocols
 # --------------------------------------------------------------------------------------------
-OPENVLA_V1 = register_protocol(Protocol(
+def _libero(**fields: Any) -> Protocol:
+    """Register a LIBERO protocol: the OpenVLA script's settings unless ``fields`` say otherwise."""
+    values: Dict[str, Any] = dict(
+        version=1, env="libero", num_settle_steps=10, settle_action=OPENVLA_SETTLE_ACTION,
+        trials_per_task=50, image_size=256, rotate_180=True, env_seed=0, global_seed=7,
+        ignore_terminations=False, requires=_LIBERO_STACK, vla_conventions=_OPENVLA_CONVENTIONS,
+    )
+    values.update(fields)
+    return register_protocol(Protocol(**values))
+
+
+OPENVLA_V1 = _libero(
     name="openvla_v1",
-    version=1,
-    env="libero",
     description="Canonical OpenVLA / OpenVLA-OFT LIBERO evaluation.",
     source="OpenVLA LIBERO eval script (run_libero_eval.py); REFERENCE.md",
     max_steps={"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
                "libero_10": 520, "libero_90": 400},
-    num_settle_steps=10,
-    settle_action=OPENVLA_SETTLE_ACTION,
-    trials_per_task=50,
-    image_size=256,
-    rotate_180=True,
-    env_seed=0,
-    global_seed=7,
-    ignore_terminations=False,
-    requires=_LIBERO_STACK,
-    vla_conventions=_OPENVLA_CONVENTIONS,
-))
+)
 
-LIBERO_NATIVE = register_protocol(Protocol(
+LIBERO_NATIVE = _libero(
     name="libero_native",
-    version=1,
-    env="libero",
     description="LIBERO's own lifelong-learning evaluation (600 steps, 20 trials, 128 px).",
     source="LIBERO lifelong eval (libero/lifelong); REFERENCE.md",
     max_steps={"*": 600},
@@ -379,49 +376,25 @@ LIBERO_NATIVE = register_protocol(Protocol(
     image_size=128,
     # LIBERO's own policies are trained on the renderer's raw (upside-down) images.
     rotate_180=False,
-    env_seed=0,
     global_seed=0,
-    ignore_terminations=False,
-    requires=_LIBERO_STACK,
-))
+    vla_conventions={},
+)
 
-SIMPLEVLA_512 = register_protocol(Protocol(
+SIMPLEVLA_512 = _libero(
     name="simplevla_512",
-    version=1,
-    env="libero",
     description="SimpleVLA-RL / TorchRL vla_grpo: 512 max steps for every suite.",
     source="SimpleVLA-RL LIBERO rollout (OpenVLA-OFT env utilities); REFERENCE.md",
     max_steps={"*": 512},
-    num_settle_steps=10,
-    settle_action=OPENVLA_SETTLE_ACTION,
-    trials_per_task=50,
-    image_size=256,
-    rotate_180=True,
-    env_seed=0,
-    global_seed=7,
-    ignore_terminations=False,
-    requires=_LIBERO_STACK,
-    vla_conventions=_OPENVLA_CONVENTIONS,
-))
+)
 
-RLINF_512 = register_protocol(Protocol(
+RLINF_512 = _libero(
     name="rlinf_512",
-    version=1,
-    env="libero",
     description="RLinf LIBERO YAMLs: 512 max steps, 15 zero-action settle steps.",
     source="RLinf LIBERO configs; REFERENCE.md",
     max_steps={"*": 512},
     num_settle_steps=15,
     settle_action=ZERO_ACTION,
-    trials_per_task=50,
-    image_size=256,
-    rotate_180=True,
-    env_seed=0,
-    global_seed=7,
-    ignore_terminations=False,
-    requires=_LIBERO_STACK,
-    vla_conventions=_OPENVLA_CONVENTIONS,
-))
+)
 
 MANISKILL_FAIR_V1 = register_protocol(Protocol(
     name="maniskill_fair_v1",

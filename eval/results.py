@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from rlinf_embodied.checkpoint import atomic_write_text
 from rlinf_embodied.eval.stats import wilson_interval
+
+from rlinf_embodied.checkpoint import atomic_write_text
 
 __all__ = [
     "FORMAT",

@@ -38,11 +38,9 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-
 from rlinf_embodied.eval.protocols import (
     LIBERO_SUITES,
     Protocol,
-    ProtocolError,
     get_protocol,
     installed_version,
     warn_versions,
@@ -547,7 +545,6 @@ def _auto_obs_mode(req: EvalRequest) -> str:
     path = Path(req.policy)
     if path.is_dir() and not (path / "config.json").is_file():
         import yaml
-
         from rlinf_embodied.eval.sources import find_checkpoint
         from rlinf_embodied.policies.registry import SPEC_FILE
 
@@ -624,7 +621,6 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     _seed_everything(protocol.global_seed)
 
     import torch
-
     from rlinf_embodied.envs.registry import make_env
 
     device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -201,8 +201,9 @@ def find_checkpoint(path: Path) -> Path:
     Raises:
         PolicySourceError: when none of these is found; lists what was looked for.
     """
-    from rlinf_embodied.checkpoint import latest_checkpoint
     from rlinf_embodied.policies.registry import CONFIG_FILE
+
+    from rlinf_embodied.checkpoint import latest_checkpoint
 
     candidates: List[Path] = [path, path / "policy"]
     latest = latest_checkpoint(path) if (path / "checkpoints").is_dir() else None
@@ -276,8 +277,9 @@ def vla_type(path: Path) -> str:
 
 def _load_vla(path: Path, source: str, ctx: PolicyContext,
               expected_type: Optional[str]) -> LoadedPolicy:
-    from rlinf_embodied.config import config_class
     from rlinf_embodied.policies.registry import build_policy, policy_types
+
+    from rlinf_embodied.config import config_class
 
     kind = vla_type(path)
     if expected_type is not None and expected_type != kind:

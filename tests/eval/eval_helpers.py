@@ -10,7 +10,6 @@ import time
 from typing import Any, Dict, List
 
 import numpy as np
-
 from rlinf_embodied.envs.libero import LiberoSubBatch
 from rlinf_embodied.envs.maniskill import ManiSkillSubBatch
 

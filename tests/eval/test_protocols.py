@@ -1,7 +1,6 @@
 """Protocol registry, overrides, fingerprints and simulator-version checks."""
 
 import pytest
-
 from rlinf_embodied.eval import protocols as P
 
 

@@ -8,11 +8,9 @@ the goal configuration for chosen trials.
 from html.parser import HTMLParser
 from pathlib import Path
 
+import eval_helpers
 import numpy as np
 import pytest
-
-import eval_helpers
-from rlinf_embodied.eval.results import ResultsFile
 from rlinf_embodied.eval.run import EvalRequest, evaluate
 
 pytest.importorskip("libero")
@@ -87,6 +85,7 @@ def test_maniskill_fair_eval_success_once_and_at_end(tmp_path):
     eval_helpers.TeleportManiSkill.TELEPORT_TRIALS = {0, 2}
     res = evaluate(EvalRequest(
         env="maniskill", task="PushCube-v1", trials_per_task=4, num_envs=3, num_processes=0,
+        obs_mode="state",
         policy="eval_helpers:zero", output=str(tmp_path / "ms.json"),
         env_factory=eval_helpers.in_process(eval_helpers.TeleportManiSkill),
         env_overrides={"sim_backend": "physx_cpu"},

@@ -5,11 +5,10 @@ from html.parser import HTMLParser
 
 import pytest
 import typer
-from typer.testing import CliRunner
-
 from rlinf_embodied.eval.cli import eval_app, parse_tasks
 from rlinf_embodied.eval.report import CompareError, compare, write_reports
 from rlinf_embodied.eval.results import Episode, ResultsFile
+from typer.testing import CliRunner
 
 runner = CliRunner()
 
@@ -97,9 +96,10 @@ def test_cli_bad_input(tmp_path, args, message):
 
 
 def test_checkpoint_type_and_env_mismatch(tmp_path):
-    from rlinf_embodied.config import MLPPolicyConfig
     from rlinf_embodied.policies.base import SpaceSpec
     from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    from rlinf_embodied.config import MLPPolicyConfig
 
     spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
     save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), tmp_path / "ckpt")

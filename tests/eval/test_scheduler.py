@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import eval_helpers
+import pytest
 from rlinf_embodied.eval.results import ResultsError, ResultsFile
 from rlinf_embodied.eval.run import EvalRequest, evaluate
 

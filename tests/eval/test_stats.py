@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from rlinf_embodied.eval.stats import mcnemar, wilson_interval
 
 
