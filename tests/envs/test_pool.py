@@ -95,7 +95,7 @@ def test_lost_envs_of_a_partial_reset_are_reported(no_leaked_children):
     env.close()
 
 
-def test_device_assignment_honours_visible_subset(monkeypatch):
+def test_device_assignment_honours_visible_subset():
     assert assign_device(3, []) is None
     dev = assign_device(3, [2, 5])
     assert dev.ordinal == 1 and dev.physical_id == 5
