@@ -1,0 +1,57 @@
+"""--policy SOURCE resolution: published OpenVLA/OFT directories, run directories, hashes."""
+
+import numpy as np
+import pytest
+from rlinf_embodied.eval.protocols import get_protocol
+from rlinf_embodied.eval.sources import PolicyContext, PolicySourceError, resolve_policy
+
+SHAPES = {"states": (8,), "main_images": (32, 32, 3), "wrist_images": (32, 32, 3)}
+
+
+def _ctx(n=2):
+    return PolicyContext(np.full(7, -1.0), np.ones(7), False, n, "libero", "libero_spatial",
+                         None, get_protocol("openvla_v1"), "cpu", SHAPES)
+
+
+@pytest.mark.parametrize("kind,chunk", [("openvla", 1), ("openvla_oft", 8)])
+def test_published_vla_directory(tmp_path, kind, chunk):
+    pytest.importorskip("transformers")
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.registry import build_policy
+
+    from rlinf_embodied.config import config_class
+
+    spec = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8,
+                     image_shape=SHAPES["main_images"], wrist_image_shape=SHAPES["wrist_images"])
+    build_policy(config_class("policy", kind)(type=kind, preset="tiny"), spec) \
+        .save_pretrained_like(tmp_path / "vla")
+    loaded = resolve_policy(str(tmp_path / "vla"), _ctx())
+    assert loaded.kind == kind and len(loaded.sha256) == 64
+    obs = {"main_images": np.zeros((2, 32, 32, 3), np.uint8),
+           "wrist_images": np.zeros((2, 32, 32, 3), np.uint8),
+           "states": np.zeros((2, 8), np.float32), "task_descriptions": ["open the drawer"] * 2}
+    assert tuple(loaded.act(obs).shape) == (2, chunk, 7)
+    other = "openvla" if kind == "openvla_oft" else "openvla_oft"
+    with pytest.raises(PolicySourceError, match=f"published {kind} checkpoint but --policy-type"):
+        resolve_policy(str(tmp_path / "vla"), _ctx(), expected_type=other)
+
+
+def test_run_directory_resolves_latest_checkpoint(tmp_path):
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.config import MLPPolicyConfig
+
+    spec = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8)
+    with pytest.raises(PolicySourceError, match="no complete checkpoint yet"):
+        (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+        resolve_policy(str(tmp_path / "run"), _ctx())
+    for it in (1, 2):
+        with checkpoint_dir(tmp_path / "run", f"iter_{it:06d}") as d:
+            save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[4]), spec), d / "policy")
+    loaded = resolve_policy(str(tmp_path / "run"), _ctx())
+    assert loaded.kind == "checkpoint" and loaded.path.endswith("iter_000002/policy")
+    assert not loaded.needs_images
+    assert tuple(loaded.act({"states": np.zeros((2, 8), np.float32)}).shape) == (2, 1, 7)
+    assert resolve_policy("random", _ctx()).sha256 != loaded.sha256
