@@ -18,8 +18,7 @@ import time
 
 import ray
 
-from rlinf_embodied.runtime import Channel, Cluster
-from rlinf_embodied.runtime.channel import release_prefetched
+from rlinf_embodied.runtime import Channel, Cluster, flush_puts, release_prefetched
 
 WINDOW = 4
 REPEATS = 3
@@ -40,6 +39,7 @@ class Producer:
         item = self.payload(nbytes)
         for _ in range(n):
             channel.put(item)
+        flush_puts()  # as a Worker method would on return
 
     def via_ray(self, consumer, nbytes, n):
         item = self.payload(nbytes)

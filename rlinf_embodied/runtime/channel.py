@@ -44,7 +44,7 @@ accepted. Hides the queue actor's round trip (so a channel moves data about as f
 runs at most this many items past a full channel."""
 
 _recent_puts: set[str] = set()
-_in_flight: collections.deque = collections.deque()  # this process's unacknowledged puts
+_in_flight: collections.deque = collections.deque()  # (channel name, ack) of unacknowledged puts
 _created: dict[str, Any] = {}  # keeps channels alive for the creating process's lifetime
 
 
@@ -69,7 +69,17 @@ def flush_puts() -> None:
     once its method returns or its devices are handed over.
     """
     while _in_flight:
-        ray.get(_in_flight.popleft())
+        _await_ack(*_in_flight.popleft())
+
+
+def _await_ack(name: str, ack: ray.ObjectRef) -> None:
+    try:
+        ray.get(ack)
+    except ray.exceptions.RayActorError as err:
+        raise RuntimeError(
+            f"Channel {name!r} was deleted or died before accepting a put; the item is lost. "
+            f"Delete a channel only after its producers' methods have returned."
+        ) from err
 
 
 @dataclasses.dataclass
@@ -392,9 +402,9 @@ class Channel:
         """
         ref = self.put_async(item, key, weight, timeout)
         if timeout is None:
-            _in_flight.append(ref)
+            _in_flight.append((self.name, ref))
             while len(_in_flight) > PUT_PIPELINE:
-                ray.get(_in_flight.popleft())
+                _await_ack(*_in_flight.popleft())
             return
         if not ray.get(ref):
             raise ChannelTimeout(
