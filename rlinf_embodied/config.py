@@ -741,6 +741,18 @@ def _schema_for(schema_cls: type, raw: DictConfig | None) -> Any:
     return base
 
 
+def _open_free_dicts(node: DictConfig) -> None:
+    """Let ``Dict[str, Any]`` fields (e.g. ``env.kwargs``) take any key; dataclass sections
+    stay strict."""
+    for key in list(node.keys()):
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if child._metadata.object_type in (dict, None):
+                OmegaConf.set_struct(child, False)
+            else:
+                _open_free_dicts(child)
+
+
 def _valid_keys(schema: DictConfig, full_key: str) -> List[str]:
     parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     node = OmegaConf.select(schema, parent) if parent else schema
@@ -811,6 +823,7 @@ def load_config(
     if overrides:
         source += f" + overrides {overrides}"
     structured = _schema_for(schema, merged_raw)
+    _open_free_dicts(structured)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
         obj = OmegaConf.to_object(cfg)

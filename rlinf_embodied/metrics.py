@@ -60,7 +60,7 @@ class MetricLogger:
             try:
                 from rich.console import Console
 
-                self._rich = Console(highlight=False)
+                self._rich = Console(highlight=False, soft_wrap=True)
             except ImportError:  # pragma: no cover - rich is a dependency
                 self._rich = None
 

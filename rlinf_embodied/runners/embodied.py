@@ -73,6 +73,7 @@ class EmbodiedRunner:
                     m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
                     m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
                     m["rollout/episodes"] = eps
+                m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
                 final = self.state["iteration"] == t.iterations
                 if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or final):
                     m.update(self.evaluate(self.state["iteration"], videos=cfg.eval.num_videos if final else 0))

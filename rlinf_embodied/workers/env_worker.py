@@ -157,7 +157,8 @@ class EnvWorker(Worker):
         """
         T = self.cfg.trainer.rollout_steps
         seed = self.cfg.run.seed
-        stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0}
+        stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0,
+                 "env_errors": 0}
         t_env = 0.0
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
             obs = self._reset_all(self.envs, iteration, phase=0)
@@ -178,6 +179,8 @@ class EnvWorker(Worker):
                     term_t, trunc_t = term.any(-1).cpu(), trunc.any(-1).cpu()
                     bufs[s].add(out, rew, term_t, trunc_t, valid, info)
                     stats["env_steps"] += int(info["num_substeps"].sum())
+                    if "env_error" in info:  # a crashed/hung env process: episode truncated
+                        stats["env_errors"] += int(info["env_error"].sum())
                     ep_ret[s] += torch.where(valid, rew, torch.zeros_like(rew))
                     done = (term_t | trunc_t) & valid
                     if done.any():

@@ -1,6 +1,7 @@
 """End-to-end training on real Ray workers, real FSDP (gloo) and real envs, at toy scale."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,36 @@ def test_ppo_learns_toy_env(ray_session, tmp_path):
     last = hist[-1]["eval/episode_return"]
     # Random policy: about 0; optimal: about 10.4 (envs/toy.py). 30 x 400 = 12k env steps.
     assert first < 3.0 and last > 6.0, (first, last)
+
+
+def test_env_process_killed_mid_rollout(ray_session, tmp_path):
+    """A crashed env process is restarted; its episode ends as truncated and the run goes on."""
+    import threading
+
+    import psutil
+
+    cfg = make_cfg(tmp_path, iterations=4, overrides=[
+        "env.env_id=toy/Countdown-v0", "env.vectorization=async", "env.num_processes=2",
+        "env.kwargs={length: 30, step_sleep_s: 0.02}", "trainer.save_every=0",
+        "algorithm.gamma=0.5"])
+    runner = EmbodiedRunner(cfg, tmp_path / "fault")
+    env_pid = runner.g.env.on([0])._rt_ping().wait()[0]
+    killed = []
+
+    def kill_one_env_process():
+        proc = psutil.Process(env_pid)
+        metrics = tmp_path / "fault" / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):  # iteration 1 done
+            time.sleep(0.05)
+        kids = [c for c in proc.children(recursive=True) if "python" in c.name().lower()]
+        kids[-1].kill()
+        killed.append(kids[-1].pid)
+
+    t = threading.Thread(target=kill_one_env_process, daemon=True)
+    t.start()
+    state = runner.run()
+    t.join(timeout=5)
+    assert killed, "no env process was found to kill"
+    assert state["iteration"] == 4
+    hist = [json.loads(l) for l in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(h["rollout/env_errors"] for h in hist) >= 1
