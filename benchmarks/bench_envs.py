@@ -14,7 +14,7 @@ Rates are the best of several interleaved rounds (the machine's cores may be sha
 * ``libero_state_sps`` / ``libero_rgb_sps``: one LIBERO libero_spatial task-0 env in a 1-process
   pool, without rendering and with two 256x256 cameras.
 
-Usage: ``python benchmarks/bench_envs.py [--quick] [--skip-libero]``
+Usage: ``python benchmarks/bench_envs.py [--quick] [--skip-libero] [--skip-maniskill]``
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def bench_libero(steps: int) -> dict:
         env.reset(seed=0)
         actions = np.zeros((n, 1, 7), np.float32)
         actions[..., -1] = -1.0
-        out[f"libero_{mode}_sps"] = _rate(env.step, actions, warmup=2)
+        out[f"libero_{mode}_sps"] = _rate(env.step, actions, 2, env.worker_pids())[0]
         env.close()
     return out
 
@@ -115,11 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
     parser.add_argument("--skip-libero", action="store_true")
+    parser.add_argument("--skip-maniskill", action="store_true")
     parser.add_argument("--num-envs", type=int, default=8)
     args = parser.parse_args()
     result = {"num_envs": args.num_envs, "load_avg_1m_at_start": os.getloadavg()[0],
               "cpu_count": os.cpu_count()}
-    result.update(bench_maniskill(args.num_envs, 300 if args.quick else 1000, 2 if args.quick else 3))
+    if not args.skip_maniskill:
+        result.update(bench_maniskill(args.num_envs, 300 if args.quick else 1000,
+                                      2 if args.quick else 3))
     if not args.skip_libero:
         result.update(bench_libero(60 if args.quick else 300))
     for key, value in result.items():
