@@ -24,6 +24,15 @@ app.add_typer(config_app, name="config")
 app.add_typer(envs_app, name="envs")
 
 
+def _add_eval_app() -> None:
+    from rlinf_embodied.eval.cli import eval_app  # light: no simulator, torch or matplotlib
+
+    app.add_typer(eval_app, name="eval")
+
+
+_add_eval_app()
+
+
 def _fail(msg: str, code: int = 2) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)

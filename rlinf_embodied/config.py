@@ -586,6 +586,11 @@ class AlgorithmConfig:
     """Stop the update epochs early when the approximate KL exceeds this."""
     normalize_advantages: bool = True
     """Normalise advantages per minibatch (GAE); GRPO/REINFORCE++ already normalise."""
+    bootstrap_terminations: bool = False
+    """GAE bootstraps from the final observation's value on terminations too (treats them as
+    truncations). ManiSkill's PPO baselines do this: their tasks terminate on success, and with
+    a short horizon (gamma 0.8) a terminal success is otherwise worth less than hovering next
+    to the goal, so the policy learns to avoid succeeding."""
     group_size: int = 1
     """G, rollouts per initial state (GRPO)."""
     grpo_std_normalize: bool = True

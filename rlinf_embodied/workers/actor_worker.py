@@ -50,10 +50,11 @@ def compute_advantages(batch: dict, cfg: JobConfig) -> tuple[torch.Tensor, torch
     valid = batch["valid"].bool()
     fn = get_advantage(a.advantage)
     if a.advantage == "gae":
-        adv, ret = fn(
-            batch["rewards"], batch["values"], batch["terminations"], batch["truncations"],
-            valid=valid, gamma=a.gamma, gae_lambda=a.gae_lambda,
-        )
+        term, trunc = batch["terminations"], batch["truncations"]
+        if a.bootstrap_terminations:  # every episode end bootstraps from its final observation
+            term, trunc = torch.zeros_like(term), term | trunc
+        adv, ret = fn(batch["rewards"], batch["values"], term, trunc,
+                      valid=valid, gamma=a.gamma, gae_lambda=a.gae_lambda)
     elif a.advantage == "grpo":
         groups = batch["group_ids"]
         adv, ret = fn(batch["rewards"], groups, valid=valid, std_normalize=a.grpo_std_normalize)

@@ -177,3 +177,16 @@ def test_env_process_killed_mid_rollout(ray_session, tmp_path):
     assert state["iteration"] == 4
     hist = [json.loads(l) for l in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
     assert sum(h["rollout/env_errors"] for h in hist) >= 1
+
+
+@pytest.mark.parametrize("name", ["maniskill_ppo_openvla_tiny", "libero_spatial_grpo_openvla_oft_tiny"])
+def test_tiny_vla_configs_train(ray_session, tmp_path, name):
+    """The shipped tiny VLA jobs run end to end (2 iterations) and save a loadable checkpoint."""
+    from rlinf_embodied.policies import load_policy
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / f"{name}.yaml", ["logging.tensorboard=false"])
+    state = EmbodiedRunner(cfg, tmp_path / name).run()
+    assert state["iteration"] == 2 and state["env_steps"] > 0
+    policy = load_policy(latest_checkpoint(tmp_path / name) / "policy")
+    assert policy.config.type == cfg.policy.type
