@@ -85,7 +85,25 @@ def _make(cfg: Any, num_envs: int, sim_backend: str, render_backend: str):
     )
     if cfg.obs_mode == "rgb":
         kwargs["sensor_configs"] = dict(width=cfg.sensor_size, height=cfg.sensor_size)
+    if _renders_video(cfg):
+        kwargs["render_mode"] = "rgb_array"
+        kwargs["human_render_camera_configs"] = dict(width=cfg.sensor_size, height=cfg.sensor_size)
     return gym.make(cfg.env_id, disable_env_checker=True, **kwargs).unwrapped  # no TimeLimit
+
+
+def _renders_video(cfg: Any) -> bool:
+    return cfg.obs_mode == "state" and bool(getattr(cfg, "render_images", False))
+
+
+def _with_render(env: Any, obs: Dict[str, Any], cfg: Any) -> Dict[str, Any]:
+    """Add the human camera's frame as ``main_images`` (1, H, W, 3) uint8 when configured."""
+    if _renders_video(cfg):
+        import torch
+
+        frame = env.render()
+        frame = frame if isinstance(frame, torch.Tensor) else torch.as_tensor(frame)
+        obs["main_images"] = frame[..., :3].to(torch.uint8).reshape(1, *frame.shape[-3:-1], 3)
+    return obs
 
 
 def _flatten(tree: Any) -> List[Any]:
@@ -132,14 +150,15 @@ class ManiSkillSubBatch(SubBatch):
     """
 
     def __init__(self, cfg: Any, env_ids: List[int], device: Optional[WorkerDevice] = None):
-        if cfg.obs_mode == "state":
+        if cfg.obs_mode == "state" and not _renders_video(cfg):
             render = "none"
         else:
             render = f"cuda:{device.ordinal}" if device is not None else "cpu"
         self._cfg = cfg
         self._envs = [_make(cfg, 1, "physx_cpu", render) for _ in env_ids]
         raw, _ = self._envs[0].reset(seed=0)
-        self._spec = _spec(self._envs[0], _convert_obs(raw, cfg.obs_mode), cfg)
+        obs = _with_render(self._envs[0], _convert_obs(raw, cfg.obs_mode), cfg)
+        self._spec = _spec(self._envs[0], obs, cfg)
         self._task = cfg.task_description or default_instruction(cfg.env_id)
 
     @property
@@ -166,7 +185,7 @@ class ManiSkillSubBatch(SubBatch):
         parts, zeros, no = [], [], []
         for i, seed, opts in zip(local_ids, seeds, options):
             raw, info = self._envs[i].reset(seed=seed, options=opts or None)
-            parts.append(_convert_obs(raw, self._cfg.obs_mode))
+            parts.append(_with_render(self._envs[i], _convert_obs(raw, self._cfg.obs_mode), self._cfg))
             zeros.append(torch.zeros(1))
             no.append(torch.zeros(1, dtype=torch.bool))
         return self._pack(parts, zeros, no, no, no, reset=True)
@@ -175,7 +194,7 @@ class ManiSkillSubBatch(SubBatch):
         parts, rew, term, trunc, succ = [], [], [], [], []
         for j, i in enumerate(local_ids):
             raw, r, te, tu, info = self._envs[i].step(actions[j : j + 1])
-            parts.append(_convert_obs(raw, self._cfg.obs_mode))
+            parts.append(_with_render(self._envs[i], _convert_obs(raw, self._cfg.obs_mode), self._cfg))
             rew.append(r)
             term.append(te)
             trunc.append(tu)

@@ -222,6 +222,9 @@ class ManiSkillEnvConfig(EnvConfig):
     """Camera width and height in pixels for ``obs_mode=rgb``."""
     sim_backend: str = "auto"
     """``auto`` (GPU when CUDA is available), ``physx_cpu`` or ``physx_cuda``."""
+    render_images: bool = False
+    """With ``obs_mode=state``, also render ManiSkill's human camera into ``main_images``
+    (``sensor_size`` pixels) so state policies get videos; costs a CPU render per step."""
     task_description: Optional[str] = None
     """Language instruction; None uses the per-task table."""
 

@@ -41,6 +41,7 @@ class EmbodiedRunner:
         self.log = MetricLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.wandb,
                                 cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg))
         self._stop = False
+        self._saved_at = -1
 
     def run(self) -> dict:
         cfg, g, t = self.cfg, self.g, self.cfg.trainer
@@ -74,16 +75,18 @@ class EmbodiedRunner:
                     m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
                     m["rollout/episodes"] = eps
                 m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
-                final = self.state["iteration"] == t.iterations
-                if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or final):
-                    m.update(self.evaluate(self.state["iteration"], videos=cfg.eval.num_videos if final else 0))
+                timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
+                done = self.state["iteration"] == t.iterations or timed_out
+                if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or done):
+                    m.update(self.evaluate(self.state["iteration"], videos=cfg.eval.num_videos if done else 0))
                 self.log.log(m, self.state["env_steps"], self.state["iteration"])
-                if t.save_every and (self.state["iteration"] % t.save_every == 0 or final):
+                if t.save_every and (self.state["iteration"] % t.save_every == 0 or done):
                     self.save()
-                if t.max_time_s and time.time() - start > t.max_time_s:
-                    print(f"trainer.max_time_s={t.max_time_s} reached; stopping.")
+                if timed_out:
+                    print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
+                          f"{self.state['iteration']} (checkpoint and final evaluation saved).")
                     break
-            if self._stop:
+            if self._stop and self._saved_at != self.state["iteration"]:
                 print("interrupted: saving a final checkpoint")
                 self.save()
         finally:
@@ -114,6 +117,7 @@ class EmbodiedRunner:
         with checkpoint_dir(self.run_dir, name) as d:
             self.g.actor.save(str(d)).wait()
             atomic_write_json(d / "runner_state.json", self.state)
+        self._saved_at = self.state["iteration"]
         return self.run_dir / "checkpoints" / name
 
     def _on_sigint(self, *_):

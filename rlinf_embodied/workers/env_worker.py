@@ -93,7 +93,7 @@ class EnvWorker(Worker):
         self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}
         self.actor_rank = self.rank % num_actor_ranks
         self.video_dir = video_dir
-        self._eval_env = None
+        self._eval_envs: Dict[tuple, Any] = {}
         self.env_time_s = 0.0
 
     # -- facts ------------------------------------------------------------------------------
@@ -206,27 +206,28 @@ class EnvWorker(Worker):
         """Fair evaluation: fixed-length episodes (terminations ignored), greedy actions.
 
         Uses seeds disjoint from training (``eval.seed_offset``). Each rank runs
-        ``num_episodes / world_size`` episodes in one batch.
+        ``num_episodes / world_size`` episodes in one batch. With ``num_videos``, the first
+        envs' episodes are written as MP4s (state-only ManiSkill envs render their camera for
+        it; other envs without images get no videos).
 
         Returns:
             ``episodes``, ``success_once`` and ``success_at_end`` (sums), ``episode_return``
             (sum), ``videos`` (paths).
         """
-        from rlinf_embodied.envs import make_env
-
         n = max(1, num_episodes // self.world_size)
-        if self._eval_env is None or self._eval_env.num_envs != n:
-            if self._eval_env is not None:
-                self._eval_env.close()
-            env_cfg = dataclasses.replace(
-                self.cfg.env, num_envs=n, ignore_terminations=True, video=False
-            )
-            self._eval_env = make_env(env_cfg)
-        env = self._eval_env
+        env = self._eval_env_for(n, videos=num_videos > 0)
+        recorder = None
+        if num_videos and self.video_dir:
+            from rlinf_embodied.envs.wrappers.video import VideoRecorder
+
+            try:
+                recorder = VideoRecorder(env, Path(self.video_dir) / f"iter_{iteration:06d}",
+                                         env_ids=range(min(n, num_videos)), prefix=f"rank{self.rank}_episode")
+                env = recorder
+            except ValueError:  # no images to record (state-only, non-rendering env)
+                recorder = None
         steps = env.max_episode_steps or self.cfg.trainer.rollout_steps
-        K = max(1, self.cfg.policy.action_chunk)
-        queries = -(-steps // K)
-        frames: List[List[Any]] = []
+        queries = -(-steps // max(1, self.cfg.policy.action_chunk))
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
             base = self.cfg.eval.seed_offset + self.cfg.run.seed * 1000 + self.rank * n
             obs, _ = env.reset(seed=base + iteration * 7919)
@@ -234,84 +235,39 @@ class EnvWorker(Worker):
             succ_once = torch.zeros(n, dtype=torch.bool)
             success = torch.zeros(n, dtype=torch.bool)
             for q in range(queries):
-                if num_videos:
-                    frames.append(_frame(obs, num_videos, success))
                 sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
-                reply = self._request_eval(obs, sd)
+                reply = f"e{self.rank}eval"
+                self.obs_ch.put({"obs": obs, "seed": sd, "reply": reply, "mode": "greedy",
+                                 "values_only": False}, key=f"r{self.route[0]}")
                 out = self.act_ch.get(key=reply)
                 obs, r, term, trunc, info = env.chunk_step(out["actions"])
                 ret += r.sum(-1).float().cpu()
                 success = info["success"].cpu().bool()
                 succ_once |= info["success_once"].cpu().bool()
-        videos = self._write_videos(frames, iteration, num_videos) if num_videos else []
         return {
             "episodes": n,
             "success_once": float(succ_once.float().sum()),
             "success_at_end": float(success.float().sum()),
             "episode_return": float(ret.sum()),
-            "videos": videos,
+            "videos": [str(p) for p in recorder.videos] if recorder is not None else [],
         }
 
-    def _request_eval(self, obs: dict, seed: int) -> str:
-        reply = f"e{self.rank}eval"
-        self.obs_ch.put(
-            {"obs": obs, "seed": seed, "reply": reply, "mode": "greedy", "values_only": False},
-            key=f"r{self.route[0]}",
-        )
-        return reply
+    def _eval_env_for(self, n: int, videos: bool):
+        """Cached evaluation env of n envs (a rendering one when videos need it)."""
+        from rlinf_embodied.envs import make_env
 
-    def _write_videos(self, frames, iteration: int, num_videos: int) -> List[str]:
-        if not self.video_dir or not frames:
-            return []
-        import imageio.v2 as imageio
-
-        out_dir = Path(self.video_dir) / f"iter_{iteration:06d}"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for i in range(min(num_videos, len(frames[0]))):
-            path = out_dir / f"rank{self.rank}_episode{i}.mp4"
-            tmp = path.with_suffix(".tmp.mp4")
-            with imageio.get_writer(tmp, fps=10, macro_block_size=1) as w:
-                for f in frames:
-                    w.append_data(f[i])
-            tmp.replace(path)
-            paths.append(str(path))
-        return paths
+        render = videos and getattr(self.cfg.env, "obs_mode", None) == "state" and hasattr(self.cfg.env, "render_images")
+        key = (n, render)
+        if key not in self._eval_envs:
+            extra = {"render_images": True} if render else {}
+            env_cfg = dataclasses.replace(self.cfg.env, num_envs=n, ignore_terminations=True, video=False, **extra)
+            self._eval_envs[key] = make_env(env_cfg)
+        return self._eval_envs[key]
 
     def close(self) -> None:
         """Close every env (their processes and files)."""
-        for env in self.envs:
+        for env in [*self.envs, *self._eval_envs.values()]:
             env.close()
-        if self._eval_env is not None:
-            self._eval_env.close()
-
-
-def _frame(obs: dict, k: int, success: torch.Tensor) -> List[Any]:
-    """(H, W, 3) uint8 frames of the first k envs; a state bar chart when there are no images."""
-    import numpy as np
-
-    if "main_images" in obs:
-        imgs = obs["main_images"][:k].cpu().numpy()
-        if "wrist_images" in obs:
-            wrist = obs["wrist_images"][:k].cpu().numpy()
-            if wrist.shape[1] == imgs.shape[1]:
-                imgs = np.concatenate([imgs, wrist], axis=2)
-        out = [im.copy() for im in imgs]
-    else:
-        states = obs["states"][:k].cpu().numpy()
-        out = []
-        for s in states:
-            img = np.full((64, 8 * len(s), 3), 255, np.uint8)
-            h = np.clip((np.tanh(s) * 30).astype(int), -30, 30)
-            for j, v in enumerate(h):
-                lo, hi = sorted((32, 32 - v))
-                img[lo:hi + 1, 8 * j:8 * j + 6] = (40, 90, 200)
-            out.append(img)
-    for i, im in enumerate(out):  # green border once the task is solved
-        if i < len(success) and bool(success[i]):
-            im[:3], im[-3:], im[:, :3], im[:, -3:] = 0, 0, 0, 0
-            im[:3, :, 1] = im[-3:, :, 1] = im[:, :3, 1] = im[:, -3:, 1] = 255
-    return out
 
 
 class _Trajectory:

@@ -93,7 +93,11 @@ def test_run_directory_contents(ray_session, tmp_path):
 
     lock = DeviceLock.connect()
     lock.clear_trace()
-    cfg = make_cfg(tmp_path, iterations=2, overrides=["trainer.eval_every=2", "eval.num_episodes=2", "eval.num_videos=1"])
+    cfg = make_cfg(tmp_path, iterations=2, overrides=[
+        "trainer.eval_every=2", "eval.num_episodes=2", "eval.num_videos=1",
+        # an env with camera images, so the final evaluation writes a video
+        "env.env_id=toy/Countdown-v0", "env.kwargs={length: 10, terminate: false, with_image: true}",
+        "env.image_keys={pixels: main_images, wrist: wrist_images}", "env.state_keys=[state]"])
     run = tmp_path / "run"
     EmbodiedRunner(cfg, run).run()
     trace = lock.trace()
