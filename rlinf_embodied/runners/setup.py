@@ -30,8 +30,9 @@ def resolve_placement(name: str) -> Path:
     raise ConfigError(f"placement {name!r} not found; use a YAML path or one of {shipped} (or auto).")
 
 
-def check_divisibility(cfg: JobConfig, env_ranks: int) -> None:
-    """Env sharding must be even: N = ranks x stages x n, with n a multiple of the GRPO group.
+def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> None:
+    """Env sharding must be even: N = env ranks x stages x n with n a multiple of the GRPO
+    group G, and every actor rank trains N / actor ranks envs, a multiple of G too.
 
     Raises:
         ConfigError: naming the values and the fix.
@@ -41,6 +42,11 @@ def check_divisibility(cfg: JobConfig, env_ranks: int) -> None:
         raise ConfigError(
             f"Set env.num_envs to a multiple of env ranks x trainer.pipeline_stages x "
             f"algorithm.group_size = {env_ranks} x {s} x {g} = {env_ranks * s * g} (got {n})."
+        )
+    if n % (actor_ranks * g):
+        raise ConfigError(
+            f"Set env.num_envs to a multiple of actor ranks x algorithm.group_size = "
+            f"{actor_ranks} x {g} = {actor_ranks * g} (got {n}), or give the actor fewer devices."
         )
 
 
@@ -59,42 +65,39 @@ class Groups:
     eval_requests_per_rank: list
     plan: object
 
-    def shutdown(self) -> None:
-        """Close envs, stop every worker, release the cluster."""
+    def shutdown(self, keep_cluster: bool = False) -> None:
+        """Close envs, stop every worker, release the cluster (unless ``keep_cluster``)."""
         try:
             self.env.close().wait(60)
         except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
             pass
         for grp in (self.env, self.rollout, self.actor):
             grp.shutdown()
-        self.cluster.shutdown()
+        if not keep_cluster:
+            self.cluster.shutdown()
 
 
-def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Optional[Path]) -> Groups:
-    """Start the cluster, the channels and the env / rollout / actor groups of ``cfg``."""
+def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Optional[Path],
+                  plan=None) -> Groups:
+    """Start the cluster, the channels and the env / rollout / actor groups of ``cfg``
+    (placed by ``plan`` when given, else by ``cfg.placement``)."""
     from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
-    from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, stream_assignment
+    from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices, stream_assignment
     from rlinf_embodied.workers.rollout_worker import RolloutWorker
 
     cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
                       num_cpu_devices=cfg.cluster.num_cpu_devices)
-    if cfg.placement == "auto":
-        from rlinf_embodied.scheduler.auto import auto_plan
-
-        placement, report = auto_plan(cfg, cluster, run_dir)
-        print(report["text"])
-        plan = PlacementPlan.from_dict(placement)
-        stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))
-        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
-    else:
+    if plan is None and cfg.placement == "auto":
+        plan, cfg = _auto_placement(cfg, cluster, run_dir, run_id)
+    elif plan is None:
         plan = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
     plan.validate(cluster.num_devices)
     print(plan.describe(cluster.num_devices))
     nd = cluster.num_devices
     ranks = {k: len(plan.device_ids(k, nd)) * plan.group(k).procs_per_device for k in ("env", "rollout", "actor")}
-    check_divisibility(cfg, ranks["env"])
+    check_divisibility(cfg, ranks["env"], ranks["actor"])
     names = ChannelNames(f"{run_id}/obs", f"{run_id}/actions", f"{run_id}/trajectories")
     for n in (names.obs, names.actions, names.trajectories):
         Channel.create(n)
@@ -102,7 +105,11 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
         cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
     spec = env.on([0]).space_spec().wait()[0]
     rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker, init_args=(cfg, spec, names))
-    streams = [sum(1 for r in range(ranks["env"]) if r % ranks["actor"] == a) for a in range(ranks["actor"])]
+    per_env_rank = cfg.env.num_envs // ranks["env"]
+    streams = [0] * ranks["actor"]
+    for r in range(ranks["env"]):
+        for a, _, _ in actor_slices(r * per_env_rank, per_env_rank, cfg.env.num_envs, ranks["actor"]):
+            streams[a] += 1
     actor = WorkerGroup.from_plan(cluster, plan, "actor", ActorWorker, init_args=(cfg, spec, names, 0))
     for a in range(ranks["actor"]):
         actor.on([a]).set_num_streams(streams[a]).wait()
@@ -116,6 +123,44 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     lora = bool(getattr(cfg.policy, "lora_rank", 0))
     return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora),
                   requests, eval_req, plan)
+
+
+PROFILING_PLACEMENT = {"context_switch": True, "groups": {
+    g: {"devices": "0"} for g in ("env", "rollout", "actor")}}
+"""Where ``placement=auto`` profiles the components: one rank each, taking turns on device 0."""
+
+
+def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
+    """Profile env / rollout / actor alone at several batch sizes (unless a profile of this
+    config and hardware is cached in the run directory), plan, and return (plan, cfg) with the
+    planned pipeline granularity."""
+    from rlinf_embodied.runtime import PlacementPlan
+    from rlinf_embodied.scheduler.auto import auto_plan, profile_for_config
+    from rlinf_embodied.scheduler.profiler import WorkerGroupComponent
+
+    components, sync, groups = None, None, None
+    if profile_for_config(cfg, run_dir).source.startswith("analytic"):
+        probe = dataclasses.replace(cfg, placement="<profiling>", trainer=dataclasses.replace(
+            cfg.trainer, pipeline_stages=1))
+        print("placement=auto: profiling env, rollout and actor on device 0 ...")
+        groups = launch_groups(probe, run_dir, run_id + "-profile", None,
+                               plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
+        components = [
+            WorkerGroupComponent("env", groups.env, "profile_step", include_dispatch=True),
+            WorkerGroupComponent("rollout", groups.rollout, "profile_act", include_dispatch=True),
+            WorkerGroupComponent("actor", groups.actor, "profile_train"),
+        ]
+        versions = iter(range(1, 1 << 30))
+        sync = lambda: groups.sync.push(next(versions))  # noqa: E731
+    try:
+        placement, report = auto_plan(cfg, cluster, run_dir, components, weight_sync=sync)
+    finally:
+        if groups is not None:
+            groups.shutdown(keep_cluster=True)
+    print(report["text"])
+    stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
+    return PlacementPlan.from_dict(placement), cfg
 
 
 def _eval_queries(cfg: JobConfig, env_group) -> int:

@@ -261,6 +261,27 @@ class ActorWorker(Worker):
                              rank=self.rank, device=self.torch_device,
                              mean_across_ranks=self._mean_across_ranks)
 
+    def profile_train(self, batch: int) -> float:
+        """Forward + backward of the loss on ``batch`` synthetic samples (scheduler profiling).
+
+        The gradients are discarded and no optimizer step is taken, so the weights the run
+        starts from are unchanged. Returns peak device memory in bytes (0 on CPU).
+        """
+        from rlinf_embodied.algorithms import get_loss
+        from rlinf_embodied.workers.env_worker import _peak_bytes, synthetic_obs
+
+        with torch.no_grad():
+            out = self.policy.act(synthetic_obs(self.spec.to_dict(), batch), mode="sample")
+        ev = self.policy.evaluate(out.forward_inputs, out.actions)
+        adv = torch.randn(batch)
+        loss, _ = get_loss(self.cfg.algorithm.loss)(
+            logprobs=ev.logprobs, old_logprobs=out.logprobs, advantages=adv, entropy=ev.entropy,
+            values=ev.values, returns=adv if ev.values is not None else None,
+            ratio_level=self.cfg.policy.logprob_granularity)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _peak_bytes()
+
     def _mean_across_ranks(self, value: float) -> float:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return value

@@ -33,7 +33,7 @@ import torch
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 
-__all__ = ["ChannelNames", "EnvWorker", "stream_assignment", "request_seed"]
+__all__ = ["ChannelNames", "EnvWorker", "actor_slices", "request_seed", "stream_assignment", "synthetic_obs"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,32 @@ def stream_assignment(num_env_ranks: int, stages: int, num_rollout_ranks: int) -
     return out
 
 
+def actor_slices(first: int, count: int, num_envs: int, num_actor_ranks: int) -> List[tuple]:
+    """Which actor rank trains which of envs ``[first, first + count)``.
+
+    Actor rank a owns the contiguous envs ``[a * N / A, (a + 1) * N / A)``. Returns
+    ``(actor_rank, lo, hi)`` with local env indices ``[lo, hi)`` of this range.
+    """
+    per = num_envs // num_actor_ranks
+    out = []
+    for a in range(first // per, -(-(first + count) // per)):
+        lo, hi = max(first, a * per), min(first + count, (a + 1) * per)
+        if lo < hi:
+            out.append((a, lo - first, hi - first))
+    return out
+
+
+def _slice_envs(traj: dict, lo: int, hi: int) -> dict:
+    """Envs ``[lo, hi)`` of a trajectory dict (env axis 1; ``group_ids`` axis 0)."""
+    out = {}
+    for k, v in traj.items():
+        if isinstance(v, dict):
+            out[k] = {kk: vv[:, lo:hi] for kk, vv in v.items()}
+        else:
+            out[k] = v[lo:hi] if k == "group_ids" else v[:, lo:hi]
+    return out
+
+
 def request_seed(run_seed: int, iteration: int, stream: int, step: int, phase: int = 0) -> int:
     """Sampling seed of one policy query: a pure function of where it sits in the run."""
     return (((run_seed * 1_000_003 + phase) * 100_003 + iteration) * 1009 + stream) * 10_007 + step
@@ -65,8 +91,8 @@ class EnvWorker(Worker):
         cfg: the job config.
         channels: the run's channel names.
         num_rollout_ranks: size of the rollout group (for request routing).
-        num_actor_ranks: size of the actor group (trajectory of env rank r goes to actor
-            ``r % num_actor_ranks``).
+        num_actor_ranks: size of the actor group (see :func:`actor_slices` for who trains
+            which envs).
         video_dir: where evaluation videos go (None: no videos).
     """
 
@@ -91,9 +117,10 @@ class EnvWorker(Worker):
         self.channels = channels
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
         self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}
-        self.actor_rank = self.rank % num_actor_ranks
+        self.num_actor_ranks = num_actor_ranks
         self.video_dir = video_dir
         self._eval_envs: Dict[tuple, Any] = {}
+        self._profile_envs: Dict[int, Any] = {}
         self.env_time_s = 0.0
 
     # -- facts ------------------------------------------------------------------------------
@@ -197,7 +224,11 @@ class EnvWorker(Worker):
                                  (self.rank + 1) * self.stages * self.n_stream)
             traj = _Trajectory.concat(bufs)
             traj["group_ids"] = group // max(1, self.cfg.algorithm.group_size)
-            self.traj_ch.put(traj, key=f"a{self.actor_rank}", weight=traj["rewards"].numel())
+            first = self.rank * self.stages * self.n_stream
+            for a, lo, hi in actor_slices(first, self.stages * self.n_stream,
+                                          self.cfg.env.num_envs, self.num_actor_ranks):
+                part = _slice_envs(traj, lo, hi)
+                self.traj_ch.put(part, key=f"a{a}", weight=part["rewards"].numel())
         stats["env_time_s"] = t_env
         return stats
 
@@ -264,10 +295,53 @@ class EnvWorker(Worker):
             self._eval_envs[key] = make_env(env_cfg)
         return self._eval_envs[key]
 
+    # -- profiling (scheduler, placement=auto) ----------------------------------------------
+    def profile_step(self, batch: int) -> float:
+        """One env step of ``batch`` envs (built once per size) with random actions, for the
+        scheduler's profiler. Returns peak device memory in bytes (0 on CPU)."""
+        from rlinf_embodied.envs import make_env
+
+        if batch not in self._profile_envs:
+            cfg = dataclasses.replace(self.cfg.env, num_envs=batch, video=False)
+            self._profile_envs[batch] = env = make_env(cfg)
+            env.reset(seed=0)
+        env = self._profile_envs[batch]
+        a = env.action_spec
+        if a.discrete:
+            actions = torch.randint(0, a.n, (batch, 1, 1))
+        else:
+            low, high = torch.as_tensor(a.low), torch.as_tensor(a.high)
+            actions = low + (high - low) * torch.rand(batch, 1, a.dim)
+        env.chunk_step(actions)
+        return _peak_bytes()
+
+    def profile_close(self) -> None:
+        """Close the envs built for profiling."""
+        for env in self._profile_envs.values():
+            env.close()
+        self._profile_envs.clear()
+
     def close(self) -> None:
         """Close every env (their processes and files)."""
+        self.profile_close()
         for env in [*self.envs, *self._eval_envs.values()]:
             env.close()
+
+
+def _peak_bytes() -> float:
+    """Peak accelerator memory of this process so far (0 without one)."""
+    return float(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0.0
+
+
+def synthetic_obs(spec: dict, batch: int, task: str = "do the task") -> dict:
+    """An observation batch of the env's shapes (zeros), for profiling policies."""
+    obs: Dict[str, Any] = {"task_descriptions": [task] * batch}
+    if spec.get("state_dim"):
+        obs["states"] = torch.zeros(batch, spec["state_dim"])
+    for key, shape_key in (("main_images", "image_shape"), ("wrist_images", "wrist_image_shape")):
+        if spec.get(shape_key):
+            obs[key] = torch.zeros(batch, *spec[shape_key], dtype=torch.uint8)
+    return obs
 
 
 class _Trajectory:

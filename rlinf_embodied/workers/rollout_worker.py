@@ -35,6 +35,7 @@ class RolloutWorker(Worker):
         from rlinf_embodied.policies.base import SpaceSpec
 
         self.cfg = cfg
+        self.spec = spec
         torch.manual_seed(cfg.run.seed)
         self.policy = build_policy(cfg.policy, SpaceSpec.from_dict(spec)).eval()
         self.version = -1
@@ -89,6 +90,14 @@ class RolloutWorker(Worker):
                 served += 1
         self.requests += served
         return {"requests": served, "version": self.version}
+
+    @torch.no_grad()
+    def profile_act(self, batch: int) -> float:
+        """One ``act`` on ``batch`` synthetic observations (scheduler profiling); peak bytes."""
+        from rlinf_embodied.workers.env_worker import _peak_bytes, synthetic_obs
+
+        self.policy.act(synthetic_obs(self.spec, batch), mode="sample")
+        return _peak_bytes()
 
     @torch.no_grad()
     def _answer(self, req: dict) -> dict[str, Any]:

@@ -194,3 +194,20 @@ def test_tiny_vla_configs_train(ray_session, tmp_path, name):
     assert state["iteration"] == 2 and state["env_steps"] > 0
     policy = load_policy(latest_checkpoint(tmp_path / name) / "policy")
     assert policy.config.type == cfg.policy.type
+
+
+def test_placement_auto_profiles_plans_and_trains(ray_session, tmp_path):
+    """placement=auto measures env / rollout / actor on this machine, caches the profile,
+    plans a placement over the cluster's devices and trains under it."""
+    job = tmp_path / "job.yaml"
+    job.write_text(TOY.format(placement="auto", iterations=1).replace("num_cpu_devices: 3", "num_cpu_devices: 2"))
+    cfg = load_config(job)
+    run = tmp_path / "auto"
+    state = EmbodiedRunner(cfg, run).run()
+    assert state["iteration"] == 1
+    cached = json.loads((run / "scheduler_profile.json").read_text())
+    entry = next(iter(cached.values())) if "components" not in cached else cached
+    text = json.dumps(entry)
+    for group in ("env", "rollout", "actor"):
+        assert f'"{group}"' in text
+    assert "measured" in text
