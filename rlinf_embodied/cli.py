@@ -6,6 +6,7 @@ import a simulator or a large model.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -79,7 +80,7 @@ def doctor(json_output: bool = typer.Option(False, "--json", help="Machine-reada
         raise typer.Exit(1)
 
 
-def _fresh_run_dir(path: "Path") -> "Path":
+def _fresh_run_dir(path: Path) -> Path:
     """``path`` if it holds no checkpoint yet, else ``path_1``, ``path_2``, ..."""
     from rlinf_embodied.checkpoint import list_checkpoints
 

@@ -10,7 +10,6 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
 
 from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir, latest_checkpoint
 from rlinf_embodied.config import JobConfig, as_dict, save_config

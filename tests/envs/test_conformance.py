@@ -6,7 +6,6 @@ Each kind is built once per module (simulators take seconds to build) with 2 env
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
