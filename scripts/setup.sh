@@ -82,8 +82,13 @@ if [ "$(readlink .venv 2>/dev/null)" != "$VENV" ]; then
   fi
   ln -sfn "$VENV" .venv
 fi
-# The cached venv is shared between clones: make sure it imports this clone.
-here=$(.venv/bin/python -c 'import os, rlinf_embodied; print(os.path.dirname(os.path.dirname(os.path.realpath(rlinf_embodied.__file__))))' 2>/dev/null || true)
-if [ "$here" != "$ROOT" ]; then
-  .venv/bin/python -m pip install -q --no-deps -e .
+# The cached venv is shared between clones: make sure it imports *this* clone (checked from
+# outside the repo, where the current directory cannot mask the editable install's mapping).
+here=$(cd / && "$ROOT/.venv/bin/python" -c '
+import os, rlinf_embodied, rlinf_embodied.envs, rlinf_embodied.policies, rlinf_embodied.eval
+mods = (rlinf_embodied, rlinf_embodied.envs, rlinf_embodied.policies, rlinf_embodied.eval)
+print(" ".join(os.path.dirname(os.path.realpath(m.__file__)) for m in mods))' 2>/dev/null || true)
+want="$(realpath "$ROOT")/rlinf_embodied $(realpath "$ROOT")/envs $(realpath "$ROOT")/policies $(realpath "$ROOT")/eval"
+if [ "$here" != "$want" ]; then
+  .venv/bin/python -m pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" >&2 || true
 fi

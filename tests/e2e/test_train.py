@@ -1,7 +1,6 @@
 """End-to-end training on real Ray workers, real FSDP (gloo) and real envs, at toy scale."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -151,36 +150,19 @@ def test_ppo_learns_toy_env(ray_session, tmp_path):
 
 
 def test_env_process_killed_mid_rollout(ray_session, tmp_path):
-    """A crashed env process is restarted; its episode ends as truncated and the run goes on."""
-    import threading
-
-    import psutil
-
-    cfg = make_cfg(tmp_path, iterations=4, overrides=[
+    """An env process that dies mid-rollout is restarted; its episode ends as truncated with
+    ``env_error`` and the run goes on (the toy env kills its own process at step 7 of every
+    episode, so every iteration loses processes mid-rollout, deterministically)."""
+    cfg = make_cfg(tmp_path, iterations=3, overrides=[
         "env.env_id=toy/Countdown-v0", "env.vectorization=async", "env.num_processes=2",
-        "env.kwargs={length: 30, step_sleep_s: 0.02}", "trainer.save_every=0",
+        "env.kwargs={length: 30, crash_at_step: 7}", "trainer.save_every=0",
         "algorithm.gamma=0.5"])
-    runner = EmbodiedRunner(cfg, tmp_path / "fault")
-    env_pid = runner.g.env.on([0])._rt_ping().wait()[0]
-    killed = []
-
-    def kill_one_env_process():
-        proc = psutil.Process(env_pid)
-        metrics = tmp_path / "fault" / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().strip()):  # iteration 1 done
-            time.sleep(0.05)
-        kids = [c for c in proc.children(recursive=True) if "python" in c.name().lower()]
-        kids[-1].kill()
-        killed.append(kids[-1].pid)
-
-    t = threading.Thread(target=kill_one_env_process, daemon=True)
-    t.start()
-    state = runner.run()
-    t.join(timeout=5)
-    assert killed, "no env process was found to kill"
-    assert state["iteration"] == 4
+    state = EmbodiedRunner(cfg, tmp_path / "fault").run()
+    assert state["iteration"] == 3
     hist = [json.loads(l) for l in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
-    assert sum(h["rollout/env_errors"] for h in hist) >= 1
+    assert all(h["rollout/env_errors"] >= 1 for h in hist), [h["rollout/env_errors"] for h in hist]
+    # the crashed episodes were recorded (as truncated), not lost
+    assert all(h["rollout/episodes"] >= h["rollout/env_errors"] for h in hist)
 
 
 @pytest.mark.parametrize("name", ["maniskill_ppo_openvla_tiny", "libero_spatial_grpo_openvla_oft_tiny"])

@@ -103,7 +103,9 @@ def test_libero_root_is_honoured(tmp_path, monkeypatch):
     pkg = os.path.dirname(get_libero_path("bddl_files").rstrip("/").replace("/./", "/"))
     for name in ("bddl_files", "init_files"):
         (tmp_path / name).symlink_to(os.path.join(pkg, name))
-    monkeypatch.delenv("LIBERO_CONFIG_PATH", raising=False)
+    # libero_root sets LIBERO_CONFIG_PATH in this process: make monkeypatch restore it after
+    monkeypatch.setenv("LIBERO_CONFIG_PATH", "unset-after-test")
+    monkeypatch.delenv("LIBERO_CONFIG_PATH")
     states = libero_init_states("libero_goal", 1, libero_root=str(tmp_path))
     assert get_libero_path("bddl_files") == str(tmp_path / "bddl_files")
     assert np.array_equal(states, package_suite("libero_goal").get_task_init_states(1))

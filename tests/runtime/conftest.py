@@ -8,11 +8,8 @@ from rlinf_embodied.runtime import Cluster
 
 
 @pytest.fixture(scope="session")
-def cluster():
-    # 4 CPUs even on a 2-core CI machine: workers use num_cpus=0, this only sizes Ray's pool.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="rlinf_tests")
-    yield Cluster()  # attaches to the instance above: 2 CPU device slots
-    ray.shutdown()
+def cluster(ray_session):
+    yield Cluster(num_cpu_devices=2)  # attaches to the session's Ray (tests/conftest.py)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,14 +18,3 @@ def _ship_test_classes_by_value(request):
     cloudpickle.register_pickle_by_value(request.module)
     yield
     cloudpickle.unregister_pickle_by_value(request.module)
-
-
-def wait_until(predicate, timeout=60.0, interval=0.02, what="condition"):
-    """Poll ``predicate`` until true; generous timeout for loaded CI machines."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)

@@ -6,7 +6,7 @@ import torch
 
 from rlinf_embodied.runtime import Channel, ChannelTimeout, Worker, WorkerGroup
 
-from conftest import wait_until
+from runtime_helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -2,7 +2,7 @@ import pytest
 
 from rlinf_embodied.runtime import Channel, DeviceLock, Worker, WorkerGroup
 
-from conftest import wait_until
+from runtime_helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

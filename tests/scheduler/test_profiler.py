@@ -61,8 +61,7 @@ def test_corrupt_cache_names_the_fix(tmp_path):
         load_profile(tmp_path, "k")
 
 
-def test_worker_group_component_on_real_ray():
-    ray = pytest.importorskip("ray")
+def test_worker_group_component_on_real_ray(ray_session):
     from rlinf_embodied.runtime.cluster import Cluster
     from rlinf_embodied.runtime.worker import Worker, WorkerGroup
 
@@ -71,15 +70,13 @@ def test_worker_group_component_on_real_ray():
             time.sleep(0.01 + 0.001 * batch)
             return 100.0 * batch
 
-    cluster = Cluster(num_cpus=2, num_cpu_devices=1, log_to_driver=False)
+    cluster = Cluster(num_cpu_devices=1)  # the session's Ray
+    group = WorkerGroup(cluster, SleepEnv, "env", devices="0")
     try:
-        group = WorkerGroup(cluster, SleepEnv, "env", devices="0")
         prof = profile_component(WorkerGroupComponent("env", group, "step"), [1, 20], repeats=2)
-        assert prof.time_s[0] == pytest.approx(0.011, abs=0.01)
-        assert prof.time_s[1] == pytest.approx(0.030, abs=0.015)
+        # sleeps of 11 ms and 30 ms, timed inside the worker (a loaded machine only adds)
+        assert 0.011 <= prof.time_s[0] < 0.2 and 0.030 <= prof.time_s[1] < 0.3
+        assert prof.time_s[1] > prof.time_s[0]
         assert prof.peak_bytes == (100.0, 2000.0)
-        group.shutdown()
     finally:
-        cluster.shutdown()
-        if ray.is_initialized():
-            ray.shutdown()
+        group.shutdown()
