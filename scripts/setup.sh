@@ -90,5 +90,8 @@ mods = (rlinf_embodied, rlinf_embodied.envs, rlinf_embodied.policies, rlinf_embo
 print(" ".join(os.path.dirname(os.path.realpath(m.__file__)) for m in mods))' 2>/dev/null || true)
 want="$(realpath "$ROOT")/rlinf_embodied $(realpath "$ROOT")/envs $(realpath "$ROOT")/policies $(realpath "$ROOT")/eval"
 if [ "$here" != "$want" ]; then
-  .venv/bin/python -m pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" >&2 || true
+  if ! out=$(.venv/bin/python -m pip install -q --no-deps -e . 2>&1); then
+    echo "$out" >&2
+    exit 1
+  fi
 fi
