@@ -360,7 +360,7 @@ def _libero(**fields: Any) -> Protocol:
 OPENVLA_V1 = _libero(
     name="openvla_v1",
     description="Canonical OpenVLA / OpenVLA-OFT LIBERO evaluation.",
-    source="OpenVLA LIBERO eval script (run_libero_eval.py); REFERENCE.md",
+    source="OpenVLA LIBERO eval script (run_libero_eval.py)",
     max_steps={"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
                "libero_10": 520, "libero_90": 400},
 )
@@ -368,7 +368,7 @@ OPENVLA_V1 = _libero(
 LIBERO_NATIVE = _libero(
     name="libero_native",
     description="LIBERO's own lifelong-learning evaluation (600 steps, 20 trials, 128 px).",
-    source="LIBERO lifelong eval (libero/lifelong); REFERENCE.md",
+    source="LIBERO lifelong eval (libero/lifelong)",
     max_steps={"*": 600},
     num_settle_steps=5,
     settle_action=ZERO_ACTION,
@@ -383,14 +383,14 @@ LIBERO_NATIVE = _libero(
 SIMPLEVLA_512 = _libero(
     name="simplevla_512",
     description="SimpleVLA-RL / TorchRL vla_grpo: 512 max steps for every suite.",
-    source="SimpleVLA-RL LIBERO rollout (OpenVLA-OFT env utilities); REFERENCE.md",
+    source="SimpleVLA-RL LIBERO rollout (OpenVLA-OFT env utilities)",
     max_steps={"*": 512},
 )
 
 RLINF_512 = _libero(
     name="rlinf_512",
     description="RLinf LIBERO YAMLs: 512 max steps, 15 zero-action settle steps.",
-    source="RLinf LIBERO configs; REFERENCE.md",
+    source="RLinf LIBERO configs",
     max_steps={"*": 512},
     num_settle_steps=15,
     settle_action=ZERO_ACTION,
@@ -402,7 +402,7 @@ MANISKILL_FAIR_V1 = register_protocol(Protocol(
     env="maniskill",
     description="ManiSkill3 fair evaluation: terminations ignored, success_once and "
                 "success_at_end; trial i resets with seed env_seed + i.",
-    source="ManiSkill3 PPO baseline evaluation; REFERENCE.md",
+    source="ManiSkill3 PPO baseline evaluation",
     # Empty: each env's registered time limit (PushCube-v1 / PickCube-v1: 50 steps), the
     # horizon ManiSkill's own evaluation uses.
     max_steps={},

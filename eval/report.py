@@ -296,7 +296,7 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
     if problems and not force:
         raise CompareError(
             "Refusing to compare " + f"{a.path} and {b.path}: " + "; ".join(problems)
-            + ". Success rates under different protocols are not comparable (REFERENCE.md); "
+            + ". Success rates under different protocols are not comparable (max steps, settle steps, trials and seeds differ); "
             "re-run one evaluation with the other's --protocol, or pass --force to compare anyway."
         )
     warnings = [f"forced: {p}" for p in problems]

@@ -6,7 +6,7 @@ reporting ``info["success"]`` makes success rates appear in evaluation.
 
 Run it from the repository root (so that ``examples.my_gym_env`` is importable)::
 
-    python -m examples.my_gym_env
+    .venv/bin/python -m examples.my_gym_env
 
 or train with the YAML snippet in ``examples/README_gym_section.md``
 (``env.env_id: examples.my_gym_env:GoalSeekEnv``, run from the repository root).

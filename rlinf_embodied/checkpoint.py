@@ -77,7 +77,8 @@ def list_checkpoints(run_dir: str | os.PathLike) -> List[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and (p / _COMPLETE).exists()]
+    found = [p for p in root.iterdir()
+             if p.is_dir() and p.name.startswith("iter_") and (p / _COMPLETE).exists()]
     return sorted(found, key=lambda p: p.name)
 
 
@@ -94,7 +95,9 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
 
 
 @contextmanager
-def checkpoint_dir(run_dir: str | os.PathLike, name: str, keep: int = 3) -> Iterator[Path]:
+def checkpoint_dir(
+    run_dir: str | os.PathLike, name: str, keep: int = 3, update_latest: bool = True
+) -> Iterator[Path]:
     """Context manager yielding a temporary directory that becomes checkpoint ``name`` on exit.
 
     Example::
@@ -104,7 +107,9 @@ def checkpoint_dir(run_dir: str | os.PathLike, name: str, keep: int = 3) -> Iter
             torch.save(optimizer.state_dict(), d / "optimizer.pt")
 
     On an exception inside the block the temporary directory is removed and the previous
-    ``latest`` stays. Only the newest ``keep`` checkpoints are kept (0 keeps all).
+    ``latest`` stays. Only the newest ``keep`` ``iter_*`` checkpoints are kept (0 keeps all);
+    other names (``best``) are never rotated, and with ``update_latest=False`` the ``latest``
+    pointer is left alone.
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -118,7 +123,8 @@ def checkpoint_dir(run_dir: str | os.PathLike, name: str, keep: int = 3) -> Iter
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-        atomic_write_text(root / "latest", name + "\n")
+        if update_latest:
+            atomic_write_text(root / "latest", name + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -91,39 +91,98 @@ def _fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
+# Settings that may change on --resume without changing what an uninterrupted run would do.
+_RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
+                "trainer.save_every", "logging.", "eval.num_videos", "run.dir", "run.name",
+                "run.output_dir")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 @app.command()
 def train(
-    config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
+    config: Optional[str] = typer.Argument(
+        None, help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml (omit with --resume)"
+    ),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     resume: Optional[str] = typer.Option(
-        None, "--resume", help="Run directory to continue from its latest checkpoint."
+        None, "--resume", help="Run directory to continue from its latest checkpoint; its saved "
+        "config.yaml is the base, key=value overrides apply on top (e.g. trainer.iterations=300)."
     ),
 ) -> None:
-    """Train a policy with RL (env, rollout and actor workers on Ray, placement from config)."""
-    from pathlib import Path
+    """Train a policy with RL (env, rollout and actor workers on Ray, placement from config).
 
-    from rlinf_embodied.config import ConfigError, load_config
+    Exits 0 when the run ends (all iterations or trainer.max_time_s), 130 after Ctrl-C (a
+    checkpoint is saved first), 2 for a configuration error.
+    """
+    from rlinf_embodied.config import ConfigError, as_dict, load_config
 
+    overrides = list(overrides or [])
+    if config and "=" in config and not Path(config).exists():
+        overrides.insert(0, config)  # `train --resume RUN key=value`: no CONFIG given
+        config = None
     try:
-        cfg = load_config(config, overrides or [])
         if resume:
             run_dir = Path(resume)
-            if not (run_dir / "checkpoints").is_dir():
+            if not run_dir.is_dir():
+                raise ConfigError(f"--resume {resume}: no such directory.")
+            if not (run_dir / "checkpoints").is_dir() or not (run_dir / "config.yaml").exists():
                 raise ConfigError(
-                    f"--resume {resume}: no checkpoints/ in that directory; pass the run "
-                    f"directory printed at the start of the run you want to continue."
+                    f"--resume {resume}: not a run directory with checkpoints/ and config.yaml; "
+                    f"pass the run directory printed at the start of the run to continue."
                 )
+            if config:
+                typer.echo(f"note: resuming uses {run_dir / 'config.yaml'} (the run's resolved "
+                           f"config) plus the overrides; {config} is not read.")
+            saved = load_config(run_dir / "config.yaml")
+            cfg = load_config(run_dir / "config.yaml", overrides)
+            before, after = _flat(as_dict(saved)), _flat(as_dict(cfg))
+            changed = [k for k in after if before.get(k) != after[k] and not k.startswith(_RESUME_SAFE)]
+            if changed:
+                typer.secho(
+                    "warning: resuming with changed settings "
+                    + ", ".join(f"{k}: {before.get(k)!r} -> {after[k]!r}" for k in changed)
+                    + "; the result will differ from an uninterrupted run.",
+                    fg=typer.colors.YELLOW, err=True)
         else:
+            if not config:
+                raise ConfigError("Pass a job YAML (e.g. configs/maniskill_pushcube_ppo_mlp.yaml) "
+                                  "or --resume RUN_DIR.")
+            cfg = load_config(config, overrides)
             run_dir = _fresh_run_dir(cfg.run.run_dir())
+        from rlinf_embodied.runners.setup import validate_job
+
+        validate_job(cfg)
         from rlinf_embodied.runners.embodied import EmbodiedRunner
 
         typer.echo(f"run directory: {run_dir}")
         runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
     except ConfigError as e:
         _fail(str(e))
+    except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
+        _fail(_short_error(e), code=1)
     state = runner.run()
-    typer.echo(f"done: {state['iteration']} iterations, {state['env_steps']:,} env steps; "
-               f"results in {run_dir}")
+    typer.echo(f"{'interrupted' if runner.interrupted else 'done'}: {state['iteration']} "
+               f"iterations, {state['env_steps']:,} env steps; results in {run_dir}")
+    if runner.interrupted:
+        typer.echo(f"continue with: rlinf-embodied train --resume {run_dir}")
+        raise typer.Exit(130)
+
+
+def _short_error(e: Exception) -> str:
+    """The message of a (remote) error without the traceback: its first and last lines."""
+    text = str(e).strip().splitlines()
+    last = next((ln for ln in reversed(text) if ln.strip()), "")
+    head = text[0] if text else type(e).__name__
+    return head if last in head else f"{head}\n  {last}"
 
 
 @app.command()

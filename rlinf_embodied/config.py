@@ -773,7 +773,8 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         valid = _valid_keys(schema, key)
         leaf = key.rsplit(".", 1)[-1]
         section = key.rsplit(".", 1)[0] if "." in key else "top level"
-        hint = _suggest(leaf, valid)
+        prefix = f"{section}." if "." in key else ""
+        hint = _suggest(leaf, valid).replace("'", f"'{prefix}", 1) if _suggest(leaf, valid) else ""
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."
@@ -781,9 +782,10 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     if isinstance(e, ValidationError) and key:
         expected = _field_type_name(getattr(e, "object_type", None), getattr(e, "key", None))
         value = getattr(e, "value", None)
+        shown = "null" if value is None or type(value).__name__ == "AnyNode" and value._value() is None else repr(value)
+        kind = "" if shown == "null" else f" ({type(value).__name__})"
         return ConfigError(
-            f"Wrong type for config key {key!r} in {source}: expected {expected}, "
-            f"got {value!r} ({type(value).__name__})."
+            f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
         )
     return ConfigError(f"Invalid config in {source}: {e}")
 

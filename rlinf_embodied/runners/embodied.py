@@ -6,10 +6,12 @@ whether it context-switches is data (``configs/placement/*.yaml``), read by the 
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir, latest_checkpoint
 from rlinf_embodied.config import JobConfig, as_dict, save_config
@@ -33,7 +35,12 @@ class EmbodiedRunner:
 
             self.state = json.loads((ckpt / "runner_state.json").read_text())
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
-        self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt)
+        try:
+            self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt)
+        except BaseException:
+            if not resume and [p.name for p in self.run_dir.iterdir()] == ["config.yaml"]:
+                shutil.rmtree(self.run_dir)  # nothing ran: leave no empty run directory behind
+            raise
         if self.g.cfg != cfg:  # placement=auto chose the granularity
             self.cfg = cfg = self.g.cfg
             save_config(cfg, self.run_dir)
@@ -41,6 +48,7 @@ class EmbodiedRunner:
                                 cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg))
         self._stop = False
         self._saved_at = -1
+        self.interrupted = False
 
     def run(self) -> dict:
         cfg, g, t = self.cfg, self.g, self.cfg.trainer
@@ -85,6 +93,7 @@ class EmbodiedRunner:
                     print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
                           f"{self.state['iteration']} (checkpoint and final evaluation saved).")
                     break
+            self.interrupted = self._stop
             if self._stop and self._saved_at != self.state["iteration"]:
                 print("interrupted: saving a final checkpoint")
                 self.save()
@@ -109,14 +118,21 @@ class EmbodiedRunner:
                   "videos": [v for r in out for v in r["videos"]]}
         atomic_write_json(self.run_dir / "eval" / f"iter_{iteration:06d}.json", record)
         atomic_write_json(self.run_dir / "eval" / "latest.json", record)
+        if record["success_once"] >= self.state.get("best_success_once", -1.0):
+            self.state["best_success_once"] = record["success_once"]
+            self.state["best_iteration"] = iteration
+            self.save("best")  # checkpoints/best: the policy with the best eval so far
         return metrics
 
-    def save(self) -> Path:
-        name = f"iter_{self.state['iteration']:06d}"
-        with checkpoint_dir(self.run_dir, name) as d:
+    def save(self, name: Optional[str] = None) -> Path:
+        """Checkpoint ``iter_<iteration>`` (or ``name``, e.g. ``best``, outside the rotation)."""
+        periodic = name is None
+        name = name or f"iter_{self.state['iteration']:06d}"
+        with checkpoint_dir(self.run_dir, name, update_latest=periodic) as d:
             self.g.actor.save(str(d)).wait()
             atomic_write_json(d / "runner_state.json", self.state)
-        self._saved_at = self.state["iteration"]
+        if periodic:
+            self._saved_at = self.state["iteration"]
         return self.run_dir / "checkpoints" / name
 
     def _on_sigint(self, *_):

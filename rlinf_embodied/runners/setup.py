@@ -30,6 +30,35 @@ def resolve_placement(name: str) -> Path:
     raise ConfigError(f"placement {name!r} not found; use a YAML path or one of {shipped} (or auto).")
 
 
+def validate_job(cfg: JobConfig) -> None:
+    """Checks that need no cluster, run before anything is started or written: the placement
+    exists and parses, and the env sharding fits it when every group's devices are explicit.
+
+    Raises:
+        ConfigError: naming the problem and the fix.
+    """
+    if cfg.trainer.iterations < 1:
+        raise ConfigError(f"Set trainer.iterations to at least 1 (got {cfg.trainer.iterations}).")
+    if cfg.placement == "auto":
+        return
+    from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
+
+    path = resolve_placement(cfg.placement)
+    try:
+        plan = PlacementPlan.from_yaml(path)
+        if cfg.cluster.address is not None:
+            return  # the device count is the remote cluster's
+        import torch
+
+        num_devices = torch.cuda.device_count() or cfg.cluster.num_cpu_devices
+        plan.validate(num_devices)
+        ranks = {name: len(plan.device_ids(name, num_devices)) * plan.group(name).procs_per_device
+                 for name in ("env", "rollout", "actor")}
+    except PlacementError as e:
+        raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
+    check_divisibility(cfg, ranks["env"], ranks["actor"])
+
+
 def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> None:
     """Env sharding must be even: N = env ranks x stages x n with n a multiple of the GRPO
     group G, and every actor rank trains N / actor ranks envs, a multiple of G too.

@@ -112,7 +112,8 @@ class EnvWorker(Worker):
         env_cfg = dataclasses.replace(cfg.env, num_envs=self.n_stream, video=False)
         self.envs = [make_env(env_cfg) for _ in range(self.stages)]
         self.obs_ch = Channel.connect(channels.obs)
-        self.act_ch = Channel.connect(channels.actions)
+        # read-ahead: the next action request is in flight while this one's payload is fetched
+        self.act_ch = Channel.connect(channels.actions, prefetch=True)
         self.traj_ch = Channel.connect(channels.trajectories)
         self.channels = channels
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
@@ -236,7 +237,8 @@ class EnvWorker(Worker):
     def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:
         """Fair evaluation: fixed-length episodes (terminations ignored), greedy actions.
 
-        Uses seeds disjoint from training (``eval.seed_offset``). Each rank runs
+        Uses the same seeds at every evaluation, disjoint from training (``eval.seed_offset``;
+        training resets use seeds below it). Each rank runs
         ``num_episodes / world_size`` episodes in one batch. With ``num_videos``, the first
         envs' episodes are written as MP4s (state-only ManiSkill envs render their camera for
         it; other envs without images get no videos).
@@ -260,8 +262,8 @@ class EnvWorker(Worker):
         steps = env.max_episode_steps or self.cfg.trainer.rollout_steps
         queries = -(-steps // max(1, self.cfg.policy.action_chunk))
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
-            base = self.cfg.eval.seed_offset + self.cfg.run.seed * 1000 + self.rank * n
-            obs, _ = env.reset(seed=base + iteration * 7919)
+            # the same held-out seeds at every evaluation, so evaluations compare across iterations
+            obs, _ = env.reset(seed=self.cfg.eval.seed_offset + self.cfg.run.seed * 1000 + self.rank * n)
             ret = torch.zeros(n)
             succ_once = torch.zeros(n, dtype=torch.bool)
             success = torch.zeros(n, dtype=torch.bool)

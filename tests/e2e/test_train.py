@@ -121,6 +121,9 @@ def test_run_directory_contents(ray_session, tmp_path):
     assert ev["episodes"] == 2 and 0.0 <= ev["success_once"] <= 1.0
     assert ev["videos"] and all(Path(v).stat().st_size > 0 for v in ev["videos"])
     assert (run / "curves.png").stat().st_size > 0
+    # the best-evaluated policy is kept apart from the rotation; `latest` is the last iteration
+    assert (run / "checkpoints" / "best" / "policy" / "model.safetensors").exists()
+    assert latest_checkpoint(run).name == "iter_000002"
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path):
