@@ -133,6 +133,13 @@ class RunConfig:
         """The run directory as a path (not created)."""
         return Path(self.dir) if self.dir else Path(self.output_dir) / self.name
 
+    def __post_init__(self):
+        if not 0 <= self.seed < 1000:
+            raise ConfigError(
+                f"run.seed must be in [0, 1000) (got {self.seed}): env seeds are derived as "
+                f"run.seed * 10**6 + ..., which keeps training and evaluation seeds disjoint."
+            )
+
 
 @dataclass
 class ClusterConfig:
@@ -663,8 +670,9 @@ class EvalConfig:
     """Evaluation during training and from the CLI."""
 
     num_episodes: int = 16
-    seed_offset: int = 1_000_000
-    """Eval seeds start here so they are disjoint from training seeds."""
+    seed_offset: int = 2_000_000_000
+    """Eval env seeds are ``seed_offset + run.seed * 1000 + i``; training resets use seeds
+    below 10**9 (``run.seed * 10**6 + ...``), so the two never overlap. Below 2**32 - 10**6."""
     num_videos: int = 2
     greedy: bool = True
 
