@@ -151,8 +151,10 @@ class DeviceLock:
     @classmethod
     def connect(cls) -> "DeviceLock":
         """The lock service of this Ray namespace, created (owned by the caller) if absent."""
+        # Detached: the service must outlive whichever process created it first (a worker may
+        # connect before the driver does); it ends with the Ray cluster or its namespace's jobs.
         actor = _ServiceActor.options(
-            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096
+            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096, lifetime="detached"
         ).remote()
         return cls(actor)
 

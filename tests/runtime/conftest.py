@@ -9,7 +9,7 @@ from rlinf_embodied.runtime import Cluster
 
 @pytest.fixture(scope="session")
 def cluster(ray_session):
-    yield Cluster(num_cpu_devices=2)  # attaches to the session's Ray (tests/conftest.py)
+    yield Cluster()  # attaches to the session's Ray (tests/conftest.py)
 
 
 @pytest.fixture(scope="module", autouse=True)
