@@ -112,8 +112,7 @@ class EnvWorker(Worker):
         env_cfg = dataclasses.replace(cfg.env, num_envs=self.n_stream, video=False)
         self.envs = [make_env(env_cfg) for _ in range(self.stages)]
         self.obs_ch = Channel.connect(channels.obs)
-        # read-ahead: the next action request is in flight while this one's payload is fetched
-        self.act_ch = Channel.connect(channels.actions, prefetch=True)
+        self.act_ch = Channel.connect(channels.actions)
         self.traj_ch = Channel.connect(channels.trajectories)
         self.channels = channels
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)

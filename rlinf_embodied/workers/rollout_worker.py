@@ -39,7 +39,7 @@ class RolloutWorker(Worker):
         torch.manual_seed(cfg.run.seed)
         self.policy = build_policy(cfg.policy, SpaceSpec.from_dict(spec)).eval()
         self.version = -1
-        self.obs_ch = Channel.connect(channels.obs, prefetch=True)  # read-ahead, see env_worker
+        self.obs_ch = Channel.connect(channels.obs)
         self.act_ch = Channel.connect(channels.actions)
         self.channels = channels
         self.requests = 0
