@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,6 +25,7 @@ import yaml
 from rlinf_embodied.policies.base import Policy, SpaceSpec
 from safetensors.torch import load_file, save_file
 
+from rlinf_embodied.checkpoint import atomic_write, atomic_write_text
 from rlinf_embodied.config import ConfigError, PolicyConfig, config_class, load_config, to_yaml
 
 __all__ = [
@@ -152,28 +151,6 @@ def build_policy(cfg: PolicyConfig, spec: SpaceSpec) -> Policy:
 # --------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _write_text(text: str) -> Callable[[str], None]:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-
-    return write
-
-
 def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
     """Write ``policy`` to ``directory`` (created if needed): weights, spec, then config.
 
@@ -187,13 +164,12 @@ def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in policy.state_dict().items()}
-    _atomic_write(
+    atomic_write(
         directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
     )
-    spec_text = yaml.safe_dump(policy.spec.to_dict(), sort_keys=False)
-    _atomic_write(directory / SPEC_FILE, _write_text(spec_text))
+    atomic_write_text(directory / SPEC_FILE, yaml.safe_dump(policy.spec.to_dict(), sort_keys=False))
     cfg = dataclasses.replace(policy.config, checkpoint=None)
-    _atomic_write(directory / CONFIG_FILE, _write_text(to_yaml(cfg)))
+    atomic_write_text(directory / CONFIG_FILE, to_yaml(cfg))
     return directory
 
 

@@ -15,9 +15,10 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 __all__ = [
+    "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
@@ -42,16 +43,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Create ``path`` through ``write(tmp_path)`` on a temporary file in the same directory,
+    fsync, then one rename: readers see the old file or the whole new one, never a part.
+
+    ``write`` streams to the temporary path itself (e.g. safetensors' ``save_file``), so large
+    checkpoints need not be built in memory first.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+        write(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -60,6 +66,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """:func:`atomic_write` of a bytes object."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
