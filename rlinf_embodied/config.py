@@ -659,6 +659,9 @@ class TrainerConfig:
     """FSDP CPU offload of parameters, gradients and optimizer state."""
     max_time_s: Optional[float] = None
     """Stop (and checkpoint) after this wall time."""
+    target_success: Optional[float] = None
+    """Stop once a periodic evaluation's ``success_once`` reaches this (the task is solved);
+    the final checkpoint, evaluation and videos are then of that policy. None trains on."""
 
     def __post_init__(self):
         if self.pipeline_stages < 1:

@@ -84,14 +84,21 @@ class EmbodiedRunner:
                 m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
                 timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
                 done = self.state["iteration"] == t.iterations or timed_out
+                videos = cfg.eval.num_videos
                 if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or done):
-                    m.update(self.evaluate(self.state["iteration"], videos=cfg.eval.num_videos if done else 0))
+                    m.update(self.evaluate(self.state["iteration"], videos=videos if done else 0))
+                    if not done and t.target_success is not None and m["eval/success_once"] >= t.target_success:
+                        print(f"eval success_once {m['eval/success_once']:.3f} >= "
+                              f"trainer.target_success={t.target_success}: solved, stopping.")
+                        done = True  # same seeds, greedy: re-evaluating adds the videos
+                        m.update(self.evaluate(self.state["iteration"], videos=videos))
                 self.log.log(m, self.state["env_steps"], self.state["iteration"])
                 if t.save_every and (self.state["iteration"] % t.save_every == 0 or done):
                     self.save()
                 if timed_out:
                     print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
                           f"{self.state['iteration']} (checkpoint and final evaluation saved).")
+                if done:
                     break
             self.interrupted = self._stop
             if self._stop and self._saved_at != self.state["iteration"]:
