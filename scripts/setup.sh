@@ -26,7 +26,8 @@ say() { echo "[setup] $*"; }
 if [ "${RLINF_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   need=()
-  for p in libvulkan1 libegl1 libgl1 libosmesa6 libglib2.0-0 ffmpeg; do
+  # python3-venv: Debian's python3 has no ensurepip without it (python -m venv fails)
+  for p in python3-venv libvulkan1 libegl1 libgl1 libosmesa6 libglib2.0-0 ffmpeg; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   mesa_ok=0
