@@ -8,7 +8,8 @@ from typing import Optional
 
 from rlinf_embodied.config import ConfigError, JobConfig
 
-__all__ = ["Groups", "launch_groups", "resolve_placement", "check_divisibility"]
+__all__ = ["Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
+           "validate_job"]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 
@@ -28,6 +29,12 @@ def resolve_placement(name: str) -> Path:
             return cand
     shipped = sorted(x.stem for x in (CONFIG_ROOT / "placement").glob("*.yaml"))
     raise ConfigError(f"placement {name!r} not found; use a YAML path or one of {shipped} (or auto).")
+
+
+def group_ranks(plan, num_devices: int) -> dict:
+    """Ranks of the env, rollout and actor groups under ``plan`` on ``num_devices`` devices."""
+    return {name: len(plan.device_ids(name, num_devices)) * plan.group(name).procs_per_device
+            for name in ("env", "rollout", "actor")}
 
 
 def validate_job(cfg: JobConfig) -> None:
@@ -52,8 +59,7 @@ def validate_job(cfg: JobConfig) -> None:
 
         num_devices = torch.cuda.device_count() or cfg.cluster.num_cpu_devices
         plan.validate(num_devices)
-        ranks = {name: len(plan.device_ids(name, num_devices)) * plan.group(name).procs_per_device
-                 for name in ("env", "rollout", "actor")}
+        ranks = group_ranks(plan, num_devices)
     except PlacementError as e:
         raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
     check_divisibility(cfg, ranks["env"], ranks["actor"])
@@ -125,7 +131,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     plan.validate(cluster.num_devices)
     print(plan.describe(cluster.num_devices))
     nd = cluster.num_devices
-    ranks = {k: len(plan.device_ids(k, nd)) * plan.group(k).procs_per_device for k in ("env", "rollout", "actor")}
+    ranks = group_ranks(plan, nd)
     check_divisibility(cfg, ranks["env"], ranks["actor"])
     names = ChannelNames(f"{run_id}/obs", f"{run_id}/actions", f"{run_id}/trajectories")
     for n in (names.obs, names.actions, names.trajectories):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
-from rlinf_embodied.workers.env_worker import ChannelNames
+from rlinf_embodied.workers.env_worker import ChannelNames, cat_env_axis
 
 __all__ = ["ActorWorker", "compute_advantages", "lr_lambda", "update_policy"]
 
@@ -249,7 +249,7 @@ class ActorWorker(Worker):
         """One policy update on this iteration's trajectories. Returns mean metrics."""
         with self.device_lock(consumes=[self.channels.trajectories]):
             parts = [self.traj_ch.get(key=f"a{self.rank}") for _ in range(self.num_streams)]
-            batch = _cat_env_axis(parts)
+            batch = cat_env_axis(parts)
             metrics = self._update(batch, iteration)
             self.scheduler.step()
             self.version += 1
@@ -332,18 +332,6 @@ class ActorWorker(Worker):
         if self.torch_device != "cpu" and not self.cfg.trainer.offload:
             self.policy.to("cpu")
             _move_optimizer(self.optimizer, "cpu")
-
-
-def _cat_env_axis(parts: List[dict]) -> dict:
-    out = {}
-    for k, v in parts[0].items():
-        if isinstance(v, dict):
-            out[k] = {kk: torch.cat([p[k][kk] for p in parts], 1) for kk in v}
-        elif k == "group_ids":
-            out[k] = torch.cat([p[k] for p in parts], 0)
-        else:
-            out[k] = torch.cat([p[k] for p in parts], 1)
-    return out
 
 
 def _move_optimizer(opt: Optional[torch.optim.Optimizer], device: str) -> None:

@@ -33,7 +33,8 @@ import torch
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 
-__all__ = ["ChannelNames", "EnvWorker", "actor_slices", "request_seed", "stream_assignment", "synthetic_obs"]
+__all__ = ["ChannelNames", "EnvWorker", "actor_slices", "cat_env_axis", "request_seed",
+           "stream_assignment", "synthetic_obs"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,17 @@ def actor_slices(first: int, count: int, num_envs: int, num_actor_ranks: int) ->
         lo, hi = max(first, a * per), min(first + count, (a + 1) * per)
         if lo < hi:
             out.append((a, lo - first, hi - first))
+    return out
+
+
+def cat_env_axis(parts: List[dict]) -> dict:
+    """Concatenate trajectory dicts along the env axis (axis 1; ``group_ids`` axis 0)."""
+    out = {}
+    for k, v in parts[0].items():
+        if isinstance(v, dict):
+            out[k] = {kk: torch.cat([p[k][kk] for p in parts], 1) for kk in v}
+        else:
+            out[k] = torch.cat([p[k] for p in parts], 0 if k == "group_ids" else 1)
     return out
 
 
@@ -148,11 +160,13 @@ class EnvWorker(Worker):
     def _stream_id(self, stage: int) -> int:
         return self.rank * self.stages + stage
 
-    def _request(self, env_id: int, obs: dict, seed: int, mode: str, values_only: bool) -> str:
-        reply = f"e{self.rank}s{env_id}"
+    def _request(self, stage: int, obs: dict, seed: int, mode: str, values_only: bool,
+                 reply: Optional[str] = None) -> str:
+        """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key."""
+        reply = reply or f"e{self.rank}s{stage}"
         self.obs_ch.put(
             {"obs": obs, "seed": seed, "reply": reply, "mode": mode, "values_only": values_only},
-            key=f"r{self.route[env_id]}",
+            key=f"r{self.route[stage]}",
             weight=self.n_stream,
         )
         return reply
@@ -222,7 +236,7 @@ class EnvWorker(Worker):
                 bufs[s].bootstrap = self.act_ch.get(key=replies[s])["values"]
             group = torch.arange(self.rank * self.stages * self.n_stream,
                                  (self.rank + 1) * self.stages * self.n_stream)
-            traj = _Trajectory.concat(bufs)
+            traj = cat_env_axis([b.to_dict() for b in bufs])
             traj["group_ids"] = group // max(1, self.cfg.algorithm.group_size)
             first = self.rank * self.stages * self.n_stream
             for a, lo, hi in actor_slices(first, self.stages * self.n_stream,
@@ -268,9 +282,7 @@ class EnvWorker(Worker):
             success = torch.zeros(n, dtype=torch.bool)
             for q in range(queries):
                 sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
-                reply = f"e{self.rank}eval"
-                self.obs_ch.put({"obs": obs, "seed": sd, "reply": reply, "mode": "greedy",
-                                 "values_only": False}, key=f"r{self.route[0]}")
+                reply = self._request(0, obs, sd, "greedy", False, reply=f"e{self.rank}eval")
                 out = self.act_ch.get(key=reply)
                 obs, r, term, trunc, info = env.chunk_step(out["actions"])
                 ret += r.sum(-1).float().cpu()
@@ -376,14 +388,3 @@ class _Trajectory:
             d["values"] = torch.stack([s["values"] for s in st] + [self.bootstrap])
         return d
 
-    @staticmethod
-    def concat(bufs: List["_Trajectory"]) -> dict:
-        """Concatenate streams along the env axis (dim 1)."""
-        parts = [b.to_dict() for b in bufs]
-        out = {}
-        for k, v in parts[0].items():
-            if isinstance(v, dict):
-                out[k] = {kk: torch.cat([p[k][kk] for p in parts], 1) for kk in v}
-            else:
-                out[k] = torch.cat([p[k] for p in parts], 1)
-        return out
