@@ -3,26 +3,44 @@
 #
 #   1. system packages: Mesa >= 25 Vulkan (lavapipe, from bookworm-backports; SAPIEN needs
 #      VK_KHR_external_semaphore_fd, which Debian 12's Mesa 22.3 lacks), EGL/OSMesa for MuJoCo,
-#      ffmpeg for videos;
-#   2. a virtual environment. The heavy dependencies live in a venv cached outside the clone,
-#      keyed by the hash of pyproject.toml and this script, and `.venv` links to it, so a fresh
-#      clone (CI) reuses it; only the editable install of this clone is redone;
-#   3. torch (+ torchvision, which timm needs) before the project, so the project's torch range
-#      is already satisfied; then the project with [all,dev].
+#      ffmpeg for videos. The backports line reuses the mirror of the machine's own apt sources.
+#   2. uv (in a small tools venv under the cache directory).
+#   3. this clone's own virtual environment `.venv`, synced by uv to `requirements.lock` (exact
+#      versions, the same on every machine), then this clone installed editable into it. Packages
+#      come from uv's cache outside the clone (hard links), so a second clone or a CI run with a
+#      warm cache sets up in seconds, and every clone imports its own code.
 #
-# Environment: RLINF_CACHE (default ~/.cache/rlinf-embodied), RLINF_TORCH_INDEX (a pip index URL
-# for torch wheels, e.g. PyTorch's CPU-only index), RLINF_SKIP_APT=1 (skip system packages),
-# PYTHON (interpreter to build the venv from, default python3).
+# Environment: RLINF_CACHE (default ~/.cache/rlinf-embodied; uv's cache is $RLINF_CACHE/uv),
+# RLINF_TORCH_INDEX (an extra package index for torch wheels), RLINF_SKIP_APT=1 (skip system
+# packages), PYTHON (interpreter for the venvs, default python3). Package indexes and find-links
+# configured for pip (pip.conf, PIP_* variables) are passed on to uv.
+# To change a dependency: edit pyproject.toml, then `bash scripts/lock.sh` and commit both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PYTHON=${PYTHON:-python3}
 CACHE=${RLINF_CACHE:-$HOME/.cache/rlinf-embodied}
-TORCH_VERSION=2.14.1        # torchvision 0.29.1 pairs with it; timm (VLA backbones) needs torchvision
-TORCHVISION_VERSION=0.29.1
 say() { echo "[setup] $*"; }
 
 # ---- 1. system packages -------------------------------------------------------------------
+# The first "deb" URI that serves bookworm in the machine's apt sources (one-line or deb822).
+debian_mirror() {
+  local f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /:\/\//) { if ($(i+1) == "bookworm") { print $i; exit } break } }' "$f"
+  done | head -n 1
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk 'BEGIN { RS = ""; FS = "\n" }
+      { uri = ""; ok = 0
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^URIs:/) { split(substr($i, 6), u, " "); uri = u[1] }
+          if ($i ~ /^Suites:/ && (" " substr($i, 8) " ") ~ / bookworm /) ok = 1 }
+        if (ok && uri != "") { print uri; exit } }' "$f"
+  done | head -n 1
+}
+
 if [ "${RLINF_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   need=()
@@ -37,8 +55,16 @@ if [ "${RLINF_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
   fi
   if [ ${#need[@]} -gt 0 ] || [ $mesa_ok = 0 ]; then
     say "installing system packages: ${need[*]} mesa-vulkan-drivers(>=25)"
-    if grep -qs bookworm /etc/os-release && ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
-      echo "deb http://deb.debian.org/debian bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/backports.list >/dev/null
+    if grep -qs bookworm /etc/os-release \
+        && ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      mirror=$(debian_mirror)
+      if [ -z "$mirror" ]; then
+        echo "[setup] no apt source for bookworm found in /etc/apt/sources.list{,.d}; add one" \
+             "(or a bookworm-backports line) and rerun" >&2
+        exit 1
+      fi
+      echo "deb $mirror bookworm-backports main" \
+        | $SUDO tee /etc/apt/sources.list.d/rlinf-backports.list >/dev/null
     fi
     $SUDO apt-get update -qq
     export DEBIAN_FRONTEND=noninteractive
@@ -53,46 +79,28 @@ if [ "${RLINF_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
   fi
 fi
 
-# ---- 2. virtual environment --------------------------------------------------------------
-# The key covers what decides the installed packages (dependency lists, torch pins), not the
-# rest of pyproject.toml, so editing e.g. the package list does not rebuild the environment.
-deps=$("$PYTHON" -c 'import json, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(json.dumps([p["dependencies"], p["optional-dependencies"]], sort_keys=True))' 2>/dev/null || cat pyproject.toml)
-key=$(printf '%s\n%s %s\n' "$deps" "$TORCH_VERSION" "$TORCHVISION_VERSION" | sha256sum | cut -c1-12)
-VENV="$CACHE/venv-$key"
-if [ ! -f "$VENV/.rlinf-complete" ]; then
-  say "creating the environment in $VENV (several minutes the first time)"
-  mkdir -p "$CACHE"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-  torch_args=()
-  [ -n "${RLINF_TORCH_INDEX:-}" ] && torch_args+=(--index-url "$RLINF_TORCH_INDEX")
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    say "NVIDIA GPU found: installing the CUDA build of torch"
-  else
-    say "no NVIDIA GPU: torch runs on the CPU"
-  fi
-  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "${torch_args[@]}"
-  "$VENV/bin/python" -m pip install -q -e ".[all,dev]"
-  touch "$VENV/.rlinf-complete"
+# ---- 2. uv, with the package sources pip is configured with ----------------------------
+source scripts/uv_env.sh
+
+# ---- 3. this clone's virtual environment ---------------------------------------------------
+LOCK=requirements.lock
+want=$(cat "$LOCK" | sha256sum | cut -c1-16)
+if [ -L .venv ]; then
+  say "replacing the .venv link (shared venv of older versions) with this clone's own venv"
+  rm -f .venv
 fi
-if [ "$(readlink .venv 2>/dev/null)" != "$VENV" ]; then
-  if [ -e .venv ] && [ ! -L .venv ]; then
-    say "replacing the plain directory .venv with a link to $VENV"
-    rm -rf .venv
-  fi
-  ln -sfn "$VENV" .venv
+have=$(cat .venv/.rlinf-lock 2>/dev/null || true)
+if [ "$have" != "$want" ] || [ ! -x .venv/bin/python ]; then
+  t0=$(date +%s)
+  [ -x .venv/bin/python ] || { say "creating .venv (the first time on a machine downloads ~9 GB)"; \
+    "$UV" venv -q --seed --python "$PYTHON" .venv; }
+  "$UV" pip sync -q --python .venv/bin/python "$LOCK"
+  "$UV" pip install -q --python .venv/bin/python --no-deps -e .
+  echo "$want" > .venv/.rlinf-lock
+  say "environment ready in $(( $(date +%s) - t0 )) s"
 fi
-# The cached venv is shared between clones: make sure it imports *this* clone (checked from
-# outside the repo, where the current directory cannot mask the editable install's mapping).
-here=$(cd / && "$ROOT/.venv/bin/python" -c '
-import os, rlinf_embodied, rlinf_embodied.envs, rlinf_embodied.policies, rlinf_embodied.eval
-mods = (rlinf_embodied, rlinf_embodied.envs, rlinf_embodied.policies, rlinf_embodied.eval)
-print(" ".join(os.path.dirname(os.path.realpath(m.__file__)) for m in mods))' 2>/dev/null || true)
-want="$(realpath "$ROOT")/rlinf_embodied $(realpath "$ROOT")/envs $(realpath "$ROOT")/policies $(realpath "$ROOT")/eval"
-if [ "$here" != "$want" ]; then
-  if ! out=$(.venv/bin/python -m pip install -q --no-deps -e . 2>&1); then
-    echo "$out" >&2
-    exit 1
-  fi
+# The editable install must point at this clone (a clone moved or copied keeps the old path).
+here=$(cd / && "$ROOT/.venv/bin/python" -c 'import os, rlinf_embodied; print(os.path.dirname(os.path.realpath(rlinf_embodied.__file__)))' 2>/dev/null || true)
+if [ "$here" != "$(realpath "$ROOT")/rlinf_embodied" ]; then
+  "$UV" pip install -q --python .venv/bin/python --no-deps -e .
 fi
