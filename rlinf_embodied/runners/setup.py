@@ -166,32 +166,16 @@ PROFILING_PLACEMENT = {"context_switch": True, "groups": {
 
 
 def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
-    """Profile env / rollout / actor alone at several batch sizes (unless a profile of this
-    config and hardware is cached in the run directory), plan, and return (plan, cfg) with the
-    planned pipeline granularity."""
+    """Profile env / rollout / actor alone at several batch sizes and the channel messages
+    (unless a profile of this config and hardware is cached in the run directory), plan, and
+    return (plan, cfg) with the planned pipeline granularity."""
     from rlinf_embodied.runtime import PlacementPlan
-    from rlinf_embodied.scheduler.auto import auto_plan, profile_for_config
-    from rlinf_embodied.scheduler.profiler import WorkerGroupComponent
+    from rlinf_embodied.scheduler.auto import auto_plan, measure_profile, profile_for_config
 
-    components, sync, groups = None, None, None
     if profile_for_config(cfg, run_dir).source.startswith("analytic"):
-        probe = dataclasses.replace(cfg, placement="<profiling>", trainer=dataclasses.replace(
-            cfg.trainer, pipeline_stages=1))
-        print("placement=auto: profiling env, rollout and actor on device 0 ...")
-        groups = launch_groups(probe, run_dir, run_id + "-profile", None,
-                               plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
-        components = [
-            WorkerGroupComponent("env", groups.env, "profile_step", include_dispatch=True),
-            WorkerGroupComponent("rollout", groups.rollout, "profile_act", include_dispatch=True),
-            WorkerGroupComponent("actor", groups.actor, "profile_train"),
-        ]
-        versions = iter(range(1, 1 << 30))
-        sync = lambda: groups.sync.push(next(versions))  # noqa: E731
-    try:
-        placement, report = auto_plan(cfg, cluster, run_dir, components, weight_sync=sync)
-    finally:
-        if groups is not None:
-            groups.shutdown(keep_cluster=True)
+        print("placement=auto: profiling env, rollout, actor and channel messages on device 0 ...")
+        measure_profile(cfg, cluster, run_dir, run_id)
+    placement, report = auto_plan(cfg, cluster, run_dir)
     print(report["text"])
     stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))

@@ -6,6 +6,10 @@ This is the API ``train ... placement=auto`` and ``plan`` use:
 * :func:`profile_for_config` - the cached profile for (config, hardware) in the run directory,
   else the documented analytic default (:func:`~.profiles.analytic_default_profile`).
 * :func:`plan_config` - search over plans for a device count.
+* :func:`plan_for_placement` - the plan tree of a fixed placement (a ``configs/placement`` YAML),
+  so that a configured run can be predicted and compared with its measurement.
+* :func:`measure_profile` - profile a job's real workers (env, rollout, actor, weight sync) and
+  its channel messages (:func:`~.profiler.profile_messages` at :func:`message_sizes`).
 * :func:`auto_plan` - profile (when components are given), cache, plan; returns the placement
   dict in the runtime's YAML shape and a report.
 """
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlinf_embodied.scheduler.cost_model import Cycle, Leaf, Plan, Spatial, Temporal
 from rlinf_embodied.scheduler.graph import WorkflowGraph, embodied_graph
 from rlinf_embodied.scheduler.planner import (
     PlannerOptions,
@@ -30,6 +35,7 @@ from rlinf_embodied.scheduler.profiler import (
     cache_key,
     hardware_fingerprint,
     load_profile,
+    profile_messages,
     profile_workflow,
     save_profile,
 )
@@ -39,7 +45,10 @@ __all__ = [
     "auto_plan",
     "default_batch_sizes",
     "graph_from_config",
+    "measure_profile",
+    "message_sizes",
     "plan_config",
+    "plan_for_placement",
     "profile_config_key",
     "profile_for_config",
 ]
@@ -54,6 +63,18 @@ def _obs_bytes(env_cfg: Any) -> float:
     return 4.0 * 64
 
 
+def _message_bytes(cfg: Any) -> tuple[float, float, float]:
+    """Per-env bytes of (observation request, action-chunk reply, trajectory sample).
+
+    The reply carries the actions (K x A float32, A = 8 assumed), their log-probs (as many), a
+    value and the policy's forward inputs (the observation again); a training sample is the
+    observation plus actions, log-probs and six scalars (reward, done flags, value, success).
+    """
+    obs = _obs_bytes(cfg.env)
+    action = 4.0 * 8 * max(1, cfg.policy.action_chunk)
+    return obs, obs + 2 * action + 4.0, obs + 2 * action + 24.0
+
+
 def graph_from_config(cfg: Any) -> WorkflowGraph:
     """The embodied workflow graph of a job config (N, T, update epochs, data volumes).
 
@@ -61,16 +82,31 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
         cfg: A ``JobConfig`` (``env.num_envs``, ``trainer.rollout_steps``,
             ``trainer.update_epochs``, ``policy.action_chunk``).
     """
-    obs = _obs_bytes(cfg.env)
-    action = 4.0 * 8 * max(1, cfg.policy.action_chunk)
+    obs, reply, sample = _message_bytes(cfg)
     return embodied_graph(
         num_envs=cfg.env.num_envs,
         rollout_steps=cfg.trainer.rollout_steps,
         update_epochs=cfg.trainer.update_epochs,
         obs_bytes=obs,
-        action_bytes=action,
-        sample_bytes=obs + action,
+        action_bytes=reply,
+        sample_bytes=sample,
     )
+
+
+def message_sizes(cfg: Any, micro_batch_options: Sequence[int] | None = None) -> list[float]:
+    """Payload bytes of the messages the job sends, for :func:`~.profiler.profile_messages`.
+
+    Observation requests and action-chunk replies of one stream of ``N / m`` envs for every
+    micro-batch count ``m`` (default: those the planner tries), and the trajectory of all N envs
+    x T steps.
+    """
+    obs, reply, sample = _message_bytes(cfg)
+    n = cfg.env.num_envs
+    out = {n * cfg.trainer.rollout_steps * sample}
+    for m in micro_batch_options or PlannerOptions().micro_batch_options:
+        per = max(1, n // m)
+        out |= {per * obs, per * reply}
+    return sorted(out)
 
 
 def profile_config_key(cfg: Any, hardware: str | None = None) -> str:
@@ -105,6 +141,90 @@ def plan_config(
     return search(graph_from_config(cfg), profile, devices, options)
 
 
+def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
+    """The plan tree that the runtime executes for a fixed placement.
+
+    Env and rollout form the interaction cycle: shared (same devices, context switched) when
+    their devices overlap, else split over their devices; ``trainer.pipeline_stages`` is the
+    cycle's micro-batch count. Only as many devices as there are streams do cycle work (a
+    stream is served by one rollout rank), so a split cycle counts ``min(devices, streams)``
+    per member. The actor is data-parallel over its ranks with the micro-batch of
+    ``trainer.micro_batch_size`` (else one minibatch per rank), after the cycle on shared
+    devices (temporal; offloaded when the placement context-switches) or on its own devices
+    (spatial, one chunk: it trains once the rollout is complete).
+
+    Args:
+        cfg: The ``JobConfig``.
+        placement: A runtime ``PlacementPlan``.
+        num_devices: Devices of the cluster.
+    """
+    cycle, actor = graph_from_config(cfg).stages()
+    ids = {g: placement.device_ids(g, num_devices) for g in ("env", "rollout", "actor")}
+    ranks = {g: len(ids[g]) * placement.group(g).procs_per_device for g in ids}
+    m = cfg.trainer.pipeline_stages
+    streams = ranks["env"] * m
+    split = not set(ids["env"]) & set(ids["rollout"])
+    env_d = min(len(ids["env"]), streams)
+    if split:
+        cyc = Cycle(cycle, env_d + min(len(ids["rollout"]), streams), True, m)
+    else:
+        cyc = Cycle(cycle, env_d, False, m)
+    t = cfg.trainer
+    per_rank = cfg.env.num_envs * t.rollout_steps // ranks["actor"]
+    batch = t.micro_batch_size or max(1, per_rank // max(1, t.num_minibatches))
+    leaf = Leaf(actor, ranks["actor"], batch)
+    if set(ids["actor"]) & (set(ids["env"]) | set(ids["rollout"])):
+        return Temporal(cyc, leaf, bool(placement.context_switch))
+    return Spatial(cyc, leaf, 1)
+
+
+def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
+                    message_repeats: int = 20) -> WorkflowProfile:
+    """Profile the job's real workers alone and its channel messages; cache and return it.
+
+    Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
+    profiles ``profile_step`` / ``profile_act`` (timed inside the workers: the channel messages
+    that carry their inputs are measured separately) and ``profile_train`` at
+    :func:`default_batch_sizes`, times the weight sync, then measures channel messages with
+    :func:`~.profiler.profile_messages` at :func:`message_sizes`. The profile is saved under
+    :func:`profile_config_key` in ``run_dir``.
+
+    Args:
+        cfg: The ``JobConfig``.
+        cluster: A started runtime ``Cluster``.
+        run_dir: Where the profile is cached.
+        run_id: Prefix of the profiling run's channel names.
+        message_repeats: Round trips per message size.
+    """
+    import dataclasses
+
+    from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
+    from rlinf_embodied.runtime import PlacementPlan
+    from rlinf_embodied.scheduler.profiler import WorkerGroupComponent
+
+    probe = dataclasses.replace(cfg, placement="<profiling>", trainer=dataclasses.replace(
+        cfg.trainer, pipeline_stages=1))
+    groups = launch_groups(probe, Path(run_dir), run_id + "-profile", None,
+                           plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
+    try:
+        components = [
+            WorkerGroupComponent("env", groups.env, "profile_step"),
+            WorkerGroupComponent("rollout", groups.rollout, "profile_act"),
+            WorkerGroupComponent("actor", groups.actor, "profile_train"),
+        ]
+        versions = iter(range(1, 1 << 30))
+        profile = profile_workflow(
+            components, default_batch_sizes(cfg, int(cluster.num_devices)), _device_memory(),
+            weight_sync=lambda: groups.sync.push(next(versions)),
+        )
+    finally:
+        groups.shutdown(keep_cluster=True)
+    messages = profile_messages(cluster, message_sizes(cfg), repeats=message_repeats)
+    profile = dataclasses.replace(profile, messages=messages)
+    save_profile(run_dir, profile_config_key(cfg), profile)
+    return profile
+
+
 def default_batch_sizes(cfg: Any, devices: int) -> dict:
     """Batch sizes to profile per group: powers of two up to the per-device maximum."""
 
@@ -132,8 +252,9 @@ def auto_plan(
     """Profile (if needed), plan, and return the placement for ``train ... placement=auto``.
 
     Order of profile sources: the cache in ``run_dir`` for (config, hardware); else measure
-    ``components`` (one per worker group, each on one device; see ``profiler``) and cache the
-    result; else the analytic default profile (the report says so).
+    ``components`` (one per worker group, each on one device; see ``profiler``) and, when
+    ``cluster`` is a ``Cluster``, the channel messages, and cache the result; else the analytic
+    default profile (the report says so).
 
     Args:
         job_cfg: The ``JobConfig``.
@@ -156,11 +277,15 @@ def auto_plan(
     devices = cluster if isinstance(cluster, int) else int(cluster.num_devices)
     profile = profile_for_config(job_cfg, run_dir)
     if profile.source.startswith("analytic") and components:
+        messages = None
+        if not isinstance(cluster, int):
+            messages = profile_messages(cluster, message_sizes(job_cfg))
         profile = profile_workflow(
             components,
             default_batch_sizes(job_cfg, devices),
             device_memory_bytes or _device_memory(),
             weight_sync=weight_sync,
+            messages=messages,
         )
         save_profile(run_dir, profile_config_key(job_cfg), profile)
     result = plan_config(job_cfg, devices, profile)

@@ -21,14 +21,21 @@ processes, 1 at the root):
   calls; time = ``rounds * sum(call times) * dp_efficiency ** -log2(d)``.
 * Cycle: ``e_i`` is member i's time on one micro-batch (incl. the transfer of its ring input
   when split), ``B_i`` its busy time per round over all ``m`` micro-batches (integer sizes
-  ``q`` and ``q + 1``). Shared: ``T * sum_i B_i``. Split: ``T * sum_i e_i`` for ``m = 1``; else
+  ``q`` and ``q + 1``; member times include their input message). Shared: ``T * sum_i B_i``. Split: ``T * sum_i e_i`` for ``m = 1``; else
   ``max(T * B_b + sum_i e_i - e_b, T * sum_i e_i)`` with ``b`` the bottleneck member - a ring
   pipeline whose bottleneck never idles, plus one pass of the others to fill or drain; exact
   for two members with equal micro-batches.
 * Fractional work (a chunk of ``x`` items) is the mean over ``floor(x)`` and ``ceil(x)``.
-* Temporal: ``time(L) + time(R) (+ offload and onload of every component of both sides)``.
+* Messages: every ring input of a cycle member (per micro-batch and round: the observations of
+  its envs to the rollout, their action chunks back) and the data entering a later stage (the
+  trajectories handed to the actor) is one channel message costing
+  :meth:`WorkflowProfile.message_s` - the measured per-message cost of the relation of the two
+  groups (shared devices or apart, one node or several); profiles without message costs keep the
+  older rule (free on shared devices, a link transfer between disjoint ones).
+* Temporal: ``time(L) + time(R) + hand-off message (+ offload and onload of every component of
+  both sides)``.
 * Spatial: stages ``s_1..s_n`` (nested spatial plans with the same ``chunks`` flatten into one
-  pipeline), ``c_s`` = time of stage s on ``f / k`` of the data plus the transfer of its input;
+  pipeline), ``c_s`` = time of stage s on ``f / k`` of the data plus the message of its input;
   time = ``sum_s c_s + (k - 1) * max_s c_s`` (fill, steady state and drain).
 * Iteration = root time at ``f = 1`` plus one weight sync.
 
@@ -274,13 +281,20 @@ class CostModel:
             return self._cycle_time(plan, frac)
         if isinstance(plan, Temporal):
             t = self.time(plan.left, frac) + self.time(plan.right, frac)
+            t += self.handoff_time(plan.right, frac, apart=False, devices=plan.devices)
             return t + (self.swap_time(plan) if plan.offload else 0.0)
         stages = spatial_stages(plan)
         sub = frac / plan.chunks
         c = [self.time(s, sub) for s in stages]
         for i, s in enumerate(stages[1:], 1):
-            c[i] += self.profile.transfer_s(first_stage(s).in_bytes * sub)
+            c[i] += self.handoff_time(s, sub, apart=True, devices=plan.devices)
         return sum(c) + (plan.chunks - 1) * max(c)
+
+    def handoff_time(self, plan: Plan, frac: float, apart: bool, devices: int) -> float:
+        """Seconds of the channel message carrying ``frac`` of the data entering ``plan`` from
+        earlier stages (e.g. the trajectories the actor trains on)."""
+        nbytes = first_stage(plan).in_bytes * frac
+        return self.profile.message_s(nbytes, apart, devices) if nbytes > 0 else 0.0
 
     def call_time(self, name: str, items: float, devices: int, batch: int) -> float:
         """Seconds for ``devices`` data-parallel devices to process ``items`` in calls of at
@@ -297,13 +311,13 @@ class CostModel:
 
     def member_times(self, plan: Cycle, micro_batch: int) -> list[float]:
         """Seconds each cycle member needs for one micro-batch of ``micro_batch`` envs
-        (incl. its ring input)."""
+        (incl. the channel message bringing its ring input: the observations for the rollout,
+        the action chunks for the env)."""
         out = []
         ring = plan.stage.ring_bytes
         for i, (member, d) in enumerate(zip(plan.stage.members, plan.member_devices())):
             t = self.call_time(member, micro_batch, d, max(1, _ceil(micro_batch / d)))
-            if plan.split:
-                t += self.profile.transfer_s(ring[i - 1] * micro_batch)
+            t += self.profile.message_s(ring[i - 1] * micro_batch, plan.split, plan.devices)
             out.append(t)
         return out
 

@@ -4,8 +4,11 @@ Paper section 3.4: "the scheduler profiles component time and memory". A compone
 that can run one micro-batch of ``b`` items and say how long it took and how much device memory
 it peaked at (:class:`Component`); :class:`FunctionComponent` wraps a plain callable and
 :class:`WorkerGroupComponent` wraps a runtime worker-group method, whose per-rank call timings
-(paper section 4, worker-group timers) are the measured time. Profiles are cached per
-(config, hardware) key in the run directory as JSON, written atomically (temp file + rename).
+(paper section 4, worker-group timers) are the measured time. :func:`profile_messages` measures
+what one channel message costs (paper section 3.5) with a real round trip through the runtime's
+:class:`~rlinf_embodied.runtime.Channel` between two worker processes, at the payload sizes the job
+sends. Profiles are cached per (config, hardware) key in the run directory as JSON, written
+atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rlinf_embodied.scheduler.profiles import ComponentProfile, WorkflowProfile
+from rlinf_embodied.scheduler.profiles import ComponentProfile, MessageProfile, WorkflowProfile
 
 __all__ = [
     "PROFILE_FILE",
@@ -33,7 +36,9 @@ __all__ = [
     "cache_key",
     "hardware_fingerprint",
     "load_profile",
+    "message_payload",
     "profile_component",
+    "profile_messages",
     "profile_workflow",
     "save_profile",
 ]
@@ -239,6 +244,7 @@ def profile_workflow(
     warmup: int = 1,
     link_bandwidth_Bps: float = 10e9,
     hardware: str | None = None,
+    messages: MessageProfile | None = None,
 ) -> WorkflowProfile:
     """Profile every component and the weight sync.
 
@@ -251,6 +257,7 @@ def profile_workflow(
         warmup: See :func:`profile_component`.
         link_bandwidth_Bps: Bytes per second between device groups.
         hardware: Description; defaults to :func:`hardware_fingerprint`.
+        messages: Channel message costs (:func:`profile_messages`), or None.
 
     Raises:
         KeyError: if a component has no entry in ``batch_sizes``.
@@ -268,6 +275,140 @@ def profile_workflow(
         link_bandwidth_Bps=link_bandwidth_Bps,
         hardware=hardware or hardware_fingerprint(),
         source="measured",
+        messages=messages,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Channel messages
+# --------------------------------------------------------------------------------------------
+def message_payload(nbytes: float) -> dict:
+    """A message shaped like the job's (a dict of tensors plus small fields) carrying ``nbytes``
+    tensor bytes: a policy request's ``obs`` dict, a seed, a reply key and flags.
+
+    Args:
+        nbytes: Tensor payload in bytes (rounded down to whole float32 values, at least one).
+
+    Returns:
+        ``{"obs": {"states": float32 (nbytes / 4,)}, "seed": int, "reply": str, "mode": str,
+        "values_only": bool}``.
+    """
+    import torch
+
+    return {
+        "obs": {"states": torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)},
+        "seed": 0,
+        "reply": "probe",
+        "mode": "sample",
+        "values_only": False,
+    }
+
+
+def _probe_worker_cls():
+    """The probe worker class (built lazily: importing the profiler must not import Ray)."""
+    from rlinf_embodied.runtime import Channel, Worker
+
+    class ChannelProbe(Worker):
+        """One end of a channel round trip; ``there``/``back`` are channel names."""
+
+        def __init__(self, there: str, back: str):
+            self.there, self.back = Channel.connect(there), Channel.connect(back)
+
+        def echo(self, count: int) -> int:
+            """Return ``count`` messages from ``there`` on ``back``, unchanged."""
+            for _ in range(count):
+                self.back.put(self.there.get(key="ping"), key="pong")
+            return count
+
+        def round_trips(self, payload: Any, count: int, echoed: bool = True) -> list:
+            """Seconds of ``count`` round trips ``there`` -> echo -> ``back`` (``echoed``), or
+            of put-then-get pairs on ``there`` within this process."""
+            reply, key_in, key_out = (self.back, "pong", "ping") if echoed else (self.there, "self", "self")
+            out = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                self.there.put(payload, key=key_out)
+                reply.get(key=key_in)
+                out.append(time.perf_counter() - t0)
+            return out
+
+    return ChannelProbe
+
+
+def profile_messages(
+    cluster: Any,
+    payload_bytes: Sequence[float],
+    repeats: int = 20,
+    warmup: int = 3,
+    same_process: bool = True,
+) -> MessageProfile:
+    """Measure one channel message at each payload size between two real worker processes.
+
+    Two probe workers (one process each, on devices 0 and 1 when the cluster has two devices,
+    else both on device 0) exchange :func:`message_payload` items through two runtime channels:
+    rank 0 puts, rank 1 gets and puts the same item back, rank 0 gets it. Half the median round
+    trip is the ``same_node`` cost of one message (both processes are on the driver's node; the
+    measurement goes through the public ``Channel`` API, so it follows whatever transport the
+    channel picks for that placement). With ``same_process`` rank 0 also times a put followed by
+    its own get (``same_process``). ``cross_node`` is not measured here (one node).
+
+    Args:
+        cluster: A runtime ``Cluster`` (its devices place the probes).
+        payload_bytes: Tensor bytes per message to measure (the job's observation, action-chunk
+            and trajectory messages, see ``auto.message_sizes``).
+        repeats: Timed round trips per size; the median is kept.
+        warmup: Untimed round trips per size first.
+        same_process: Also measure the within-process relation.
+
+    Returns:
+        A :class:`MessageProfile` with ``same_node`` (and ``same_process``) times per size.
+
+    Raises:
+        ValueError: for no sizes or ``repeats`` < 1.
+    """
+    import uuid
+
+    from rlinf_embodied.runtime import Channel, WorkerGroup
+
+    sizes = sorted({float(max(0.0, b)) for b in payload_bytes})
+    if not sizes or repeats < 1:
+        raise ValueError(
+            f"Profile messages with at least one size and repeats >= 1 (got {payload_bytes}, "
+            f"{repeats})."
+        )
+    tag = uuid.uuid4().hex[:8]
+    there, back = Channel.create(f"probe-{tag}/there"), Channel.create(f"probe-{tag}/back")
+    two = int(cluster.num_devices) >= 2
+    group = None
+    try:
+        group = WorkerGroup(
+            cluster, _probe_worker_cls(), "message_probe", devices=[0, 1] if two else [0],
+            procs_per_device=1 if two else 2, init_args=(there.name, back.name), torch_threads=1,
+        )
+        node, proc = [], []
+        for b in sizes:
+            payload = message_payload(b)
+            n = warmup + repeats
+            echo = group.on([1]).echo(n)
+            rtt = group.on([0]).round_trips(payload, n).wait()[0][warmup:]
+            echo.wait()
+            node.append(statistics.median(rtt) / 2)
+            if same_process:
+                loop = group.on([0]).round_trips(payload, n, False).wait()[0][warmup:]
+                proc.append(statistics.median(loop))
+    finally:
+        if group is not None:
+            group.shutdown()
+        there.delete()
+        back.delete()
+    hops = {"same_node": tuple(node)}
+    if same_process:
+        hops["same_process"] = tuple(proc)
+    where = "devices 0 and 1" if two else "device 0"
+    return MessageProfile(
+        tuple(sizes), hops,
+        source=f"measured: runtime Channel round trips between two worker processes ({where}), "
+               f"median of {repeats}",
     )
 
 

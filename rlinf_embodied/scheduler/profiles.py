@@ -17,6 +17,12 @@ Data-parallel scaling: on ``d`` devices each device processes ``ceil(items / d)`
 time is multiplied by ``dp_efficiency ** -log2(d)`` (a fixed efficiency loss per doubling). ``dp_efficiency = 1`` is perfect scaling (simulators, inference);
 training pays for the gradient all-reduce (default analytic value 0.97 per doubling, an
 assumption, not a paper number).
+
+Messages (paper section 3.5): every channel message between two worker groups costs a fixed
+per-message time (the channel's protocol: queue, serialisation, process wake-ups) plus a
+per-byte time, and both depend on where producer and consumer run. A :class:`MessageProfile`
+holds the seconds of one message (one ``put`` until the matching ``get`` returns) at measured
+payload sizes per relation (:data:`RELATIONS`); it is interpolated like component times.
 """
 
 from __future__ import annotations
@@ -28,14 +34,21 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 __all__ = [
+    "RELATIONS",
     "ComponentProfile",
     "GiB",
+    "MessageProfile",
     "WorkflowProfile",
     "affine_profile",
     "analytic_default_profile",
 ]
 
 GiB = float(1 << 30)
+
+RELATIONS = ("same_process", "same_node", "cross_node")
+"""Where the two ends of a channel message run: one process, two processes of one node, two
+nodes. The runtime runs every worker group in its own processes, so messages between groups are
+``same_node`` unless the groups sit on different nodes."""
 
 
 def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
@@ -153,6 +166,79 @@ class ComponentProfile:
 
 
 @dataclass(frozen=True)
+class MessageProfile:
+    """Measured cost of one channel message by payload size and placement relation.
+
+    Attributes:
+        payload_bytes: Payload sizes measured, bytes (tensor bytes of the message), strictly
+            increasing.
+        hop_s: Relation (one of :data:`RELATIONS`) -> seconds per message at each size: from
+            the producer's ``put`` until the consumer's ``get`` returns the item (half of a
+            measured ping-pong round trip between two processes; a put then get within one
+            process for ``same_process``).
+        source: How the numbers were obtained (``measured ...`` or ``analytic ...``).
+
+    Raises:
+        ValueError: on unsorted sizes, an unknown relation or mismatched lengths.
+    """
+
+    payload_bytes: tuple[float, ...]
+    hop_s: Mapping[str, tuple[float, ...]]
+    source: str = "measured"
+
+    def __post_init__(self):
+        object.__setattr__(self, "payload_bytes", tuple(float(b) for b in self.payload_bytes))
+        object.__setattr__(
+            self, "hop_s", {k: tuple(float(t) for t in v) for k, v in sorted(self.hop_s.items())}
+        )
+        xs = self.payload_bytes
+        if not xs or list(xs) != sorted(set(xs)) or xs[0] < 0:
+            raise ValueError(
+                f"MessageProfile.payload_bytes must be non-negative and strictly increasing "
+                f"(got {xs})."
+            )
+        for rel, ts in self.hop_s.items():
+            if rel not in RELATIONS:
+                raise ValueError(f"Unknown message relation {rel!r}; use one of {RELATIONS}.")
+            if len(ts) != len(xs):
+                raise ValueError(
+                    f"MessageProfile.hop_s[{rel!r}] has {len(ts)} times for {len(xs)} sizes; "
+                    "give one time per payload size."
+                )
+
+    def time(self, nbytes: float, relation: str) -> float:
+        """Seconds for one message of ``nbytes`` payload bytes between ends in ``relation``.
+
+        Piecewise linear in bytes between measured sizes, the smallest size's time below it (a
+        message never costs less than its fixed part), the last segment's slope (>= 0) above;
+        constant when only one size was measured.
+        ``cross_node`` falls back to ``same_node`` when not measured (the caller adds the link
+        transfer, see :meth:`WorkflowProfile.message_s`); ``same_process`` falls back likewise.
+
+        Raises:
+            KeyError: if neither ``relation`` nor ``same_node`` was measured.
+        """
+        ts = self.hop_s.get(relation) or self.hop_s.get("same_node")
+        if ts is None:
+            raise KeyError(
+                f"No message cost for {relation!r} (measured: {sorted(self.hop_s)}); re-profile "
+                "the channel."
+            )
+        xs = self.payload_bytes
+        if nbytes <= xs[0] or len(xs) == 1:
+            return ts[0]
+        i = min(bisect.bisect_left(xs, nbytes), len(xs) - 1)
+        slope = (ts[i] - ts[i - 1]) / (xs[i] - xs[i - 1])
+        if nbytes > xs[-1]:
+            slope = max(0.0, slope)
+        return max(0.0, ts[i - 1] + slope * (nbytes - xs[i - 1]))
+
+    def measured(self, relation: str) -> bool:
+        """Whether ``relation`` has its own numbers (not a fallback)."""
+        return relation in self.hop_s
+
+
+@dataclass(frozen=True)
 class WorkflowProfile:
     """Profiles of all components of a workflow plus hardware facts.
 
@@ -166,6 +252,11 @@ class WorkflowProfile:
         link_latency_s: Fixed seconds per transfer.
         hardware: Free-text description of the machine the profile was measured on.
         source: Where the numbers come from (``measured``, ``cached``, ``analytic default``).
+        messages: Cost of one channel message (see :class:`MessageProfile`), or None: then
+            messages between groups on shared devices are free and those between disjoint
+            device groups cost :meth:`transfer_s` (the model before messages were profiled).
+        devices_per_node: Devices of one node (0: all devices on one node); groups whose
+            devices together exceed it exchange ``cross_node`` messages.
     """
 
     components: Mapping[str, ComponentProfile]
@@ -175,6 +266,8 @@ class WorkflowProfile:
     link_latency_s: float = 0.0
     hardware: str = "unknown"
     source: str = "measured"
+    messages: MessageProfile | None = None
+    devices_per_node: int = 0
 
     def __getitem__(self, name: str) -> ComponentProfile:
         try:
@@ -188,6 +281,29 @@ class WorkflowProfile:
     def transfer_s(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` between two device groups."""
         return 0.0 if nbytes <= 0 else self.link_latency_s + nbytes / self.link_bandwidth_Bps
+
+    def message_s(self, nbytes: float, apart: bool, devices: int = 1) -> float:
+        """Seconds one channel message of ``nbytes`` takes between two worker groups.
+
+        Args:
+            nbytes: Payload bytes.
+            apart: True when the two groups run on disjoint devices, False when they share
+                devices (collocated: different processes on the same devices).
+            devices: Devices the two groups span together (decides same node vs cross node).
+
+        Without :attr:`messages` this is the pre-message model: 0 on shared devices,
+        :meth:`transfer_s` between disjoint ones. With it: the measured ``same_node`` message,
+        or ``cross_node`` when the groups cannot fit on one node (measured, else ``same_node``
+        plus :meth:`transfer_s`).
+        """
+        if self.messages is None:
+            return self.transfer_s(nbytes) if apart else 0.0
+        cross = apart and 0 < self.devices_per_node < devices
+        if not cross:
+            return self.messages.time(nbytes, "same_node")
+        if self.messages.measured("cross_node"):
+            return self.messages.time(nbytes, "cross_node")
+        return self.messages.time(nbytes, "same_node") + self.transfer_s(nbytes)
 
     def scaled(
         self, time_factor: float = 1.0, device_memory_bytes: float | None = None
@@ -206,6 +322,7 @@ class WorkflowProfile:
         """Canonical JSON text (sorted keys) of this profile."""
         d = asdict(self)
         d["components"] = {k: asdict(v) for k, v in sorted(self.components.items())}
+        d["messages"] = None if self.messages is None else asdict(self.messages)
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -218,7 +335,10 @@ class WorkflowProfile:
         try:
             d = json.loads(text)
             comps = {k: ComponentProfile(**v) for k, v in d.pop("components").items()}
-            return cls(components=comps, **d)
+            msgs = d.pop("messages", None)
+            return cls(
+                components=comps, messages=None if msgs is None else MessageProfile(**msgs), **d
+            )
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(
                 f"Not a workflow profile ({e}); delete the cached file to re-profile."
@@ -308,12 +428,23 @@ _ACTOR_ANALYTIC: dict[str, _Analytic] = {
 }
 
 
+# Guess, not a measurement: about 1 ms per channel message (a queue-actor round trip plus a
+# process wake-up on an idle machine) and 5 GB/s for the payload (one host memory copy).
+_MESSAGE_FIXED_S, _MESSAGE_BPS = 1e-3, 5e9
+_ANALYTIC_MESSAGES = MessageProfile(
+    payload_bytes=(0.0, float(64 << 20)),
+    hop_s={"same_node": (_MESSAGE_FIXED_S, _MESSAGE_FIXED_S + (64 << 20) / _MESSAGE_BPS)},
+    source="analytic guess (1 ms + bytes / 5 GB/s per message; not measured)",
+)
+
+
 def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile:
     """The documented, unmeasured profile used by ``plan`` before any profile exists.
 
     Affine time and memory per component from the tables in this module (order-of-magnitude
-    guesses for an 80 GiB accelerator with a 25 GB/s link; see the comments there). Use it to
-    explore, then measure: plans on measured profiles replace it.
+    guesses for an 80 GiB accelerator with a 25 GB/s link; see the comments there) and a guessed
+    channel message cost (1 ms + bytes / 5 GB/s). Use it to explore, then measure: plans on
+    measured profiles replace it.
 
     Args:
         env_type: ``env.type`` of the job (unknown types fall back to ``gym``).
@@ -338,6 +469,7 @@ def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile
         link_bandwidth_Bps=25e9,
         link_latency_s=1e-4,
         hardware="analytic 80 GiB accelerator",
+        messages=_ANALYTIC_MESSAGES,
         source=f"analytic default (env={env_type}, policy={policy_type}; not measured)",
     )
 

@@ -93,6 +93,9 @@ class _Sim:
             return self._cycle(plan, _portion(plan.stage.items, items_frac), t0)
         if isinstance(plan, Temporal):
             t = self.run(plan.left, items_frac, t0)
+            nbytes = first_stage(plan.right).in_bytes * _fraction(items_frac)
+            if nbytes > 0:
+                t += self.profile.message_s(nbytes, False, plan.devices)
             t = self.run(plan.right, items_frac, t)
             if plan.offload:
                 t += sum(
@@ -113,7 +116,8 @@ class _Sim:
                 start = max(ready, free[s])
                 if s > 0:
                     nbytes = first_stage(stage).in_bytes * _fraction(path)
-                    start += self.profile.transfer_s(nbytes)
+                    if nbytes > 0:
+                        start += self.profile.message_s(nbytes, True, plan.devices)
                 ready = free[s] = self.run(stage, path, start)
             end = max(end, ready)
         return end
@@ -133,8 +137,7 @@ class _Sim:
             ready, _, j, r, i = heapq.heappop(heap)
             res = i if plan.split else 0
             start = max(ready, free[res])
-            if plan.split:
-                start += self.profile.transfer_s(ring[i - 1] * sizes[j])
+            start += self.profile.message_s(ring[i - 1] * sizes[j], plan.split, plan.devices)
             done = start + self.calls(members[i], sizes[j], devs[i], sizes[j])
             free[res] = done
             nxt_i, nxt_r = (i + 1) % len(members), r + (i + 1) // len(members)
