@@ -358,7 +358,9 @@ def search_times() -> dict:
 
 def _start_ray(attempts: int = 3) -> None:
     """``ray.init``, retried: on a loaded shared machine Ray's fixed 30 s raylet start-up wait
-    can expire."""
+    can expire. A failed attempt leaves its head processes running (children of this process);
+    they are killed before the next attempt."""
+    import psutil
     import ray
 
     for i in range(attempts):
@@ -368,6 +370,9 @@ def _start_ray(attempts: int = 3) -> None:
             return
         except Exception as e:  # Ray raises a bare Exception for this
             ray.shutdown()
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
             if i == attempts - 1:
                 raise
             print(f"ray.init failed ({e}); retrying", file=sys.stderr)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rlinf_embodied.scheduler.auto import graph_from_config, plan_config, profile_for_config
+from rlinf_embodied.scheduler.auto import (
+    graph_from_config,
+    plan_config,
+    plan_for_placement,
+    profile_for_config,
+)
+from rlinf_embodied.scheduler.cost_model import CostModel, describe
 from rlinf_embodied.scheduler.planner import report_json, report_text
 
 __all__ = ["plan_command"]
@@ -25,8 +31,10 @@ def plan_command(
     """Plan a job and return the report to print.
 
     The profile is the one cached in the job's run directory for this config and hardware
-    (written by ``train ... placement=auto``), else the documented analytic default profile;
-    the first line of the report names which.
+    (written by ``train ... placement=auto`` or ``benchmarks/bench_scheduler.py``), else the
+    documented analytic default profile; the report names which. Besides the best plan it
+    predicts the job as configured (its ``placement`` YAML, ``pipeline_stages`` and actor
+    micro-batch) when that placement fits the device count.
 
     Args:
         config_path: Job YAML.
@@ -54,11 +62,40 @@ def plan_command(
         "rollout_steps": cfg.trainer.rollout_steps,
         "actor_samples": g.node("actor").items,
     }
+    configured = _configured(cfg, n, profile)
     if as_json:
-        return report_json(result, {"config": str(config_path), "workload": workload}) + "\n"
+        extra = {"config": str(config_path), "workload": workload, "configured": configured}
+        return report_json(result, extra) + "\n"
     header = [
         f"Plan for {config_path}",
         f"Workload per iteration: N={workload['num_envs']} envs x T={workload['rollout_steps']} "
         f"steps, actor trains on {workload['actor_samples']} samples",
     ]
+    if configured is not None:
+        header.append(
+            f"Configured: placement={configured['placement']} {configured['predicted_iteration_s']:.4f} s "
+            f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages})"
+        )
     return report_text(result, header)
+
+
+def _configured(cfg, devices: int, profile) -> dict | None:
+    """Prediction of the job's own placement on ``devices`` devices (None for ``auto`` or a
+    placement that does not fit)."""
+    from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
+
+    if cfg.placement == "auto":
+        return None
+    from rlinf_embodied.runners.setup import resolve_placement
+
+    try:
+        placement = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
+        placement.validate(devices)
+    except PlacementError:
+        return None
+    plan = plan_for_placement(cfg, placement, devices)
+    return {
+        "placement": cfg.placement,
+        "plan": describe(plan),
+        "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9),
+    }
