@@ -16,6 +16,8 @@ This is the API ``train ... placement=auto`` and ``plan`` use:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -179,14 +181,19 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 
 
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
-                    message_repeats: int = 20) -> WorkflowProfile:
+                    repeats: int = 3, message_repeats: int = 20,
+                    dp_ranks: int = 2) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
     profiles ``profile_step`` / ``profile_act`` (timed inside the workers: the channel messages
     that carry their inputs are measured separately) and ``profile_train`` at
     :func:`default_batch_sizes`, times the weight sync, then measures channel messages with
-    :func:`~.profiler.profile_messages` at :func:`message_sizes`. The profile is saved under
+    :func:`~.profiler.profile_messages` at :func:`message_sizes`. With ``dp_ranks`` > 1 it also
+    trains on ``dp_ranks`` actor ranks at once (devices 0.. when the cluster has that many, else
+    that many processes on device 0: CPU device slots share the node's cores) and sets the
+    actor's ``dp_efficiency`` from the measured slow-down, so data-parallel plans pay for the
+    collectives and shared cores they really meet. The profile is saved under
     :func:`profile_config_key` in ``run_dir``.
 
     Args:
@@ -194,10 +201,10 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         cluster: A started runtime ``Cluster``.
         run_dir: Where the profile is cached.
         run_id: Prefix of the profiling run's channel names.
+        repeats: Timed calls per component batch size (the median is kept).
         message_repeats: Round trips per message size.
+        dp_ranks: Actor ranks of the data-parallel measurement (1: keep ``dp_efficiency`` 1).
     """
-    import dataclasses
-
     from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
     from rlinf_embodied.runtime import PlacementPlan
     from rlinf_embodied.scheduler.profiler import WorkerGroupComponent
@@ -213,16 +220,52 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
             WorkerGroupComponent("actor", groups.actor, "profile_train"),
         ]
         versions = iter(range(1, 1 << 30))
+        sizes = default_batch_sizes(cfg, int(cluster.num_devices))
         profile = profile_workflow(
-            components, default_batch_sizes(cfg, int(cluster.num_devices)), _device_memory(),
-            weight_sync=lambda: groups.sync.push(next(versions)),
+            components, sizes, _device_memory(),
+            weight_sync=lambda: groups.sync.push(next(versions)), repeats=repeats,
         )
+        spec = groups.env.on([0]).space_spec().wait()[0]
     finally:
         groups.shutdown(keep_cluster=True)
+    actor = profile["actor"]
+    if dp_ranks > 1:
+        batch = max(1, sizes["actor"][-1] // dp_ranks)
+        t_dp = _data_parallel_train_s(cfg, cluster, spec, run_id, dp_ranks, batch, repeats)
+        eff = min(1.0, max(1e-3, (actor.time(batch) / t_dp) ** (1.0 / math.log2(dp_ranks))))
+        profile = dataclasses.replace(profile, components={
+            **profile.components, "actor": dataclasses.replace(actor, dp_efficiency=eff)})
     messages = profile_messages(cluster, message_sizes(cfg), repeats=message_repeats)
     profile = dataclasses.replace(profile, messages=messages)
     save_profile(run_dir, profile_config_key(cfg), profile)
     return profile
+
+
+def _data_parallel_train_s(cfg: Any, cluster: Any, spec: dict, run_id: str, ranks: int,
+                           batch: int, repeats: int) -> float:
+    """Median seconds of ``profile_train(batch)`` on ``ranks`` FSDP actor ranks at once."""
+    from rlinf_embodied.runtime import Channel, WorkerGroup
+    from rlinf_embodied.scheduler.profiler import WorkerGroupComponent, profile_component
+    from rlinf_embodied.workers.actor_worker import ActorWorker
+    from rlinf_embodied.workers.env_worker import ChannelNames
+
+    names = ChannelNames(*(f"{run_id}-dp/{k}" for k in ("obs", "actions", "trajectories")))
+    channels = [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
+    spread = int(cluster.num_devices) >= ranks
+    group = None
+    try:
+        group = WorkerGroup(cluster, ActorWorker, "actor", devices=list(range(ranks)) if spread else [0],
+                            procs_per_device=1 if spread else ranks, init_args=(cfg, spec, names, 1))
+        group.init_process_group()
+        group.setup(None).wait()
+        prof = profile_component(WorkerGroupComponent("actor", group, "profile_train"), [batch],
+                                 repeats=repeats)
+        return prof.time_s[0]
+    finally:
+        if group is not None:
+            group.shutdown()
+        for ch in channels:
+            ch.delete()
 
 
 def default_batch_sizes(cfg: Any, devices: int) -> dict:
