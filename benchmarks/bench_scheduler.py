@@ -398,6 +398,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 measured iterations instead of 8")
     ap.add_argument("--skip-synthetic", action="store_true", help="only the real main job")
+    ap.add_argument("--save-profile", action="store_true",
+                    help="also cache the measured profile in the main job's run directory "
+                         "(runs/<name>), where `rlinf-embodied plan` finds it")
     args = ap.parse_args(argv)
     import ray
 
@@ -415,6 +418,14 @@ def main(argv=None) -> int:
         print(f"search {d:>5} devices: {w:.3f} s wall, {c:.3f} s CPU -> {mode}", file=sys.stderr)
     prof = real.pop("profile")
     msgs = prof["profile"].messages
+    if args.save_profile:
+        from rlinf_embodied.config import load_config
+        from rlinf_embodied.scheduler.auto import profile_config_key
+        from rlinf_embodied.scheduler.profiler import save_profile
+
+        main_cfg = load_config(str(ROOT / MAIN_JOB))
+        path = save_profile(main_cfg.run.run_dir(), profile_config_key(main_cfg), prof["profile"])
+        print(f"profile cached in {path}", file=sys.stderr)
     modes = list(PLACEMENTS)
     by_pred = sorted(modes, key=lambda m: real[m]["predicted_s"])
     by_meas = sorted(modes, key=lambda m: real[m]["measured_s"])
