@@ -372,7 +372,7 @@ def search_times() -> dict:
     return out
 
 
-def _start_ray(attempts: int = 3) -> None:
+def _start_ray(attempts: int = 8) -> None:
     """``ray.init``, retried: on a loaded shared machine Ray's fixed 30 s raylet start-up wait
     can expire. A failed attempt leaves its head processes running (children of this process);
     they are killed before the next attempt."""

@@ -65,6 +65,22 @@ def _obs_bytes(env_cfg: Any) -> float:
     return 4.0 * 64
 
 
+def _obs_tensors(env_cfg: Any) -> int:
+    """Tensors of one observation: the state, plus the camera images when rendered."""
+    if getattr(env_cfg, "obs_mode", "state") == "rgb":
+        return 3 if getattr(env_cfg, "type", "") == "libero" else 2
+    return 1
+
+
+def _message_tensors(cfg: Any) -> tuple[int, int, int]:
+    """Tensors per (observation request, action-chunk reply, trajectory message): the reply
+    holds actions, log-probs, values and the forward inputs (the observation's tensors); the
+    trajectory holds actions, log-probs, values, rewards, termination, truncation, valid and
+    success flags, group ids and the forward inputs."""
+    obs = _obs_tensors(cfg.env)
+    return obs, 3 + obs, 9 + obs
+
+
 def _message_bytes(cfg: Any) -> tuple[float, float, float]:
     """Per-env bytes of (observation request, action-chunk reply, trajectory sample).
 
@@ -85,6 +101,7 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
             ``trainer.update_epochs``, ``policy.action_chunk``).
     """
     obs, reply, sample = _message_bytes(cfg)
+    obs_t, reply_t, sample_t = _message_tensors(cfg)
     return embodied_graph(
         num_envs=cfg.env.num_envs,
         rollout_steps=cfg.trainer.rollout_steps,
@@ -92,6 +109,9 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
         obs_bytes=obs,
         action_bytes=reply,
         sample_bytes=sample,
+        obs_tensors=obs_t,
+        action_tensors=reply_t,
+        sample_tensors=sample_t,
     )
 
 

@@ -293,8 +293,9 @@ class CostModel:
     def handoff_time(self, plan: Plan, frac: float, apart: bool, devices: int) -> float:
         """Seconds of the channel message carrying ``frac`` of the data entering ``plan`` from
         earlier stages (e.g. the trajectories the actor trains on)."""
-        nbytes = first_stage(plan).in_bytes * frac
-        return self.profile.message_s(nbytes, apart, devices) if nbytes > 0 else 0.0
+        st = first_stage(plan)
+        nbytes = st.in_bytes * frac
+        return self.profile.message_s(nbytes, apart, devices, st.in_tensors) if nbytes > 0 else 0.0
 
     def call_time(self, name: str, items: float, devices: int, batch: int) -> float:
         """Seconds for ``devices`` data-parallel devices to process ``items`` in calls of at
@@ -315,9 +316,11 @@ class CostModel:
         the action chunks for the env)."""
         out = []
         ring = plan.stage.ring_bytes
+        tensors = plan.stage.ring_tensors or (1,) * len(ring)
         for i, (member, d) in enumerate(zip(plan.stage.members, plan.member_devices())):
             t = self.call_time(member, micro_batch, d, max(1, _ceil(micro_batch / d)))
-            t += self.profile.message_s(ring[i - 1] * micro_batch, plan.split, plan.devices)
+            t += self.profile.message_s(ring[i - 1] * micro_batch, plan.split, plan.devices,
+                                        tensors[i - 1])
             out.append(t)
         return out
 

@@ -49,12 +49,15 @@ class Edge:
         bytes_per_item: Bytes sent per item of the producer per round.
         kind: ``data`` (a channel inside the iteration) or ``weights`` (a barrier between
             iterations, never a reason to collapse or a cut constraint).
+        tensors: Tensors per message (each one is serialised on its own, so a message of many
+            small tensors costs more than one tensor of the same bytes).
     """
 
     src: str
     dst: str
     bytes_per_item: float = 0.0
     kind: str = "data"
+    tensors: int = 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class Stage:
         in_bytes: Bytes per iteration entering this stage from earlier stages.
         ring_bytes: For a cycle, bytes per item passed along each ring edge, in member order
             (``ring_bytes[i]`` goes from ``members[i]`` to the next member).
+        in_tensors: Tensors of the message(s) entering from earlier stages.
+        ring_tensors: For a cycle, tensors per message along each ring edge (member order).
     """
 
     members: tuple[str, ...]
@@ -75,6 +80,8 @@ class Stage:
     rounds: int
     in_bytes: float = 0.0
     ring_bytes: tuple[float, ...] = ()
+    in_tensors: int = 1
+    ring_tensors: tuple[int, ...] = ()
 
     @property
     def is_cycle(self) -> bool:
@@ -181,13 +188,18 @@ class WorkflowGraph:
             for e in self._data_edges()
             if where[e.dst] == idx and where[e.src] != idx
         )
+        in_tensors = sum(
+            e.tensors for e in self._data_edges() if where[e.dst] == idx and where[e.src] != idx
+        )
         ring: tuple[float, ...] = ()
+        ring_tensors: tuple[int, ...] = ()
         if len(members) > 1:
-            inner = {(e.src, e.dst): e.bytes_per_item for e in self._data_edges()}
-            ring = tuple(
-                inner.get((m, members[(i + 1) % len(members)]), 0.0) for i, m in enumerate(members)
-            )
-        return Stage(tuple(members), nodes[0].items, nodes[0].rounds, in_bytes, ring)
+            inner = {(e.src, e.dst): e for e in self._data_edges()}
+            nxt = [inner.get((m, members[(i + 1) % len(members)])) for i, m in enumerate(members)]
+            ring = tuple(e.bytes_per_item if e else 0.0 for e in nxt)
+            ring_tensors = tuple(e.tensors if e else 1 for e in nxt)
+        return Stage(tuple(members), nodes[0].items, nodes[0].rounds, in_bytes, ring,
+                     max(1, in_tensors), ring_tensors)
 
 
 def embodied_graph(
@@ -197,6 +209,9 @@ def embodied_graph(
     obs_bytes: float = 0.0,
     action_bytes: float = 0.0,
     sample_bytes: float = 0.0,
+    obs_tensors: int = 1,
+    action_tensors: int = 1,
+    sample_tensors: int = 1,
 ) -> WorkflowGraph:
     """The embodied PPO/GRPO workflow of the paper (section 2.2, Figure 14 workloads).
 
@@ -210,6 +225,9 @@ def embodied_graph(
         obs_bytes: Bytes of one observation (env -> rollout).
         action_bytes: Bytes of one action chunk (rollout -> env).
         sample_bytes: Bytes of one env step's training sample (rollout -> actor).
+        obs_tensors: Tensors in one observation message.
+        action_tensors: Tensors in one action-chunk reply.
+        sample_tensors: Tensors in the trajectory message.
 
     Returns:
         Graph with nodes ``env``, ``rollout`` (the cycle) and ``actor``. The ring is entered at
@@ -223,9 +241,9 @@ def embodied_graph(
             Node("actor", num_envs * rollout_steps * update_epochs, 1),
         ),
         edges=(
-            Edge("rollout", "env", action_bytes),
-            Edge("env", "rollout", obs_bytes),
-            Edge("rollout", "actor", sample_bytes),
+            Edge("rollout", "env", action_bytes, tensors=action_tensors),
+            Edge("env", "rollout", obs_bytes, tensors=obs_tensors),
+            Edge("rollout", "actor", sample_bytes, tensors=sample_tensors),
             Edge("actor", "rollout", 0.0, kind="weights"),
         ),
     )

@@ -282,21 +282,25 @@ def profile_workflow(
 # --------------------------------------------------------------------------------------------
 # Channel messages
 # --------------------------------------------------------------------------------------------
-def message_payload(nbytes: float) -> dict:
+def message_payload(nbytes: float, tensors: int = 1) -> dict:
     """A message shaped like the job's (a dict of tensors plus small fields) carrying ``nbytes``
-    tensor bytes: a policy request's ``obs`` dict, a seed, a reply key and flags.
+    tensor bytes in ``tensors`` float32 tensors: a policy request's ``obs`` dict, a seed, a reply
+    key and flags.
 
     Args:
-        nbytes: Tensor payload in bytes (rounded down to whole float32 values, at least one).
+        nbytes: Tensor payload in bytes (rounded down to whole float32 values, at least one per
+            tensor).
+        tensors: Number of tensors the bytes are split over (>= 1).
 
     Returns:
-        ``{"obs": {"states": float32 (nbytes / 4,)}, "seed": int, "reply": str, "mode": str,
-        "values_only": bool}``.
+        ``{"obs": {"t0": float32 (nbytes / 4 / tensors,), ...}, "seed": int, "reply": str,
+        "mode": str, "values_only": bool}``.
     """
     import torch
 
+    per = max(1, int(nbytes) // 4 // max(1, tensors))
     return {
-        "obs": {"states": torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32)},
+        "obs": {f"t{i}": torch.zeros(per, dtype=torch.float32) for i in range(max(1, tensors))},
         "seed": 0,
         "reply": "probe",
         "mode": "sample",
@@ -341,6 +345,7 @@ def profile_messages(
     repeats: int = 20,
     warmup: int = 3,
     same_process: bool = True,
+    tensor_probe: int = 8,
 ) -> MessageProfile:
     """Measure one channel message at each payload size between two real worker processes.
 
@@ -350,7 +355,10 @@ def profile_messages(
     trip is the ``same_node`` cost of one message (both processes are on the driver's node; the
     measurement goes through the public ``Channel`` API, so it follows whatever transport the
     channel picks for that placement). With ``same_process`` rank 0 also times a put followed by
-    its own get (``same_process``). ``cross_node`` is not measured here (one node).
+    its own get (``same_process``). A message of ``tensor_probe`` tensors at the smallest size
+    gives the extra cost per tensor (each tensor is serialised on its own: a reply of actions,
+    log-probs, values and forward inputs costs more than one tensor of the same bytes).
+    ``cross_node`` is not measured here (one node).
 
     Args:
         cluster: A runtime ``Cluster`` (its devices place the probes).
@@ -359,9 +367,11 @@ def profile_messages(
         repeats: Timed round trips per size; the median is kept.
         warmup: Untimed round trips per size first.
         same_process: Also measure the within-process relation.
+        tensor_probe: Tensors of the per-tensor measurement (<= 1: not measured).
 
     Returns:
-        A :class:`MessageProfile` with ``same_node`` (and ``same_process``) times per size.
+        A :class:`MessageProfile` with ``same_node`` (and ``same_process``) times per size and
+        the per-tensor cost of each relation.
 
     Raises:
         ValueError: for no sizes or ``repeats`` < 1.
@@ -385,17 +395,25 @@ def profile_messages(
             cluster, _probe_worker_cls(), "message_probe", devices=[0, 1] if two else [0],
             procs_per_device=1 if two else 2, init_args=(there.name, back.name), torch_threads=1,
         )
-        node, proc = [], []
-        for b in sizes:
-            payload = message_payload(b)
+
+        def median_hops(payload) -> tuple[float, float]:
             n = warmup + repeats
             echo = group.on([1]).echo(n)
             rtt = group.on([0]).round_trips(payload, n).wait()[0][warmup:]
             echo.wait()
-            node.append(statistics.median(rtt) / 2)
+            node = statistics.median(rtt) / 2
+            if not same_process:
+                return node, 0.0
+            loop = group.on([0]).round_trips(payload, n, False).wait()[0][warmup:]
+            return node, statistics.median(loop)
+
+        node, proc = zip(*(median_hops(message_payload(b)) for b in sizes))
+        per_tensor = {}
+        if tensor_probe > 1:
+            many = median_hops(message_payload(sizes[0], tensor_probe))
+            per_tensor = {"same_node": max(0.0, (many[0] - node[0]) / (tensor_probe - 1))}
             if same_process:
-                loop = group.on([0]).round_trips(payload, n, False).wait()[0][warmup:]
-                proc.append(statistics.median(loop))
+                per_tensor["same_process"] = max(0.0, (many[1] - proc[0]) / (tensor_probe - 1))
     finally:
         if group is not None:
             group.shutdown()
@@ -409,6 +427,7 @@ def profile_messages(
         tuple(sizes), hops,
         source=f"measured: runtime Channel round trips between two worker processes ({where}), "
                f"median of {repeats}",
+        per_tensor_s=per_tensor,
     )
 
 

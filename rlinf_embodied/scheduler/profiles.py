@@ -31,6 +31,7 @@ import bisect
 import json
 import math
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 
 __all__ = [
@@ -177,6 +178,8 @@ class MessageProfile:
             measured ping-pong round trip between two processes; a put then get within one
             process for ``same_process``).
         source: How the numbers were obtained (``measured ...`` or ``analytic ...``).
+        per_tensor_s: Relation -> extra seconds per tensor beyond the first in one message
+            (``hop_s`` is measured with one tensor; every tensor is serialised on its own).
 
     Raises:
         ValueError: on unsorted sizes, an unknown relation or mismatched lengths.
@@ -185,6 +188,7 @@ class MessageProfile:
     payload_bytes: tuple[float, ...]
     hop_s: Mapping[str, tuple[float, ...]]
     source: str = "measured"
+    per_tensor_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "payload_bytes", tuple(float(b) for b in self.payload_bytes))
@@ -206,8 +210,9 @@ class MessageProfile:
                     "give one time per payload size."
                 )
 
-    def time(self, nbytes: float, relation: str) -> float:
-        """Seconds for one message of ``nbytes`` payload bytes between ends in ``relation``.
+    def time(self, nbytes: float, relation: str, tensors: int = 1) -> float:
+        """Seconds for one message of ``nbytes`` payload bytes in ``tensors`` tensors between
+        ends in ``relation``.
 
         Piecewise linear in bytes between measured sizes, the smallest size's time below it (a
         message never costs less than its fixed part), the last segment's slope (>= 0) above;
@@ -218,7 +223,12 @@ class MessageProfile:
         Raises:
             KeyError: if neither ``relation`` nor ``same_node`` was measured.
         """
-        ts = self.hop_s.get(relation) or self.hop_s.get("same_node")
+        rel = relation if relation in self.hop_s else "same_node"
+        extra = max(0, tensors - 1) * self.per_tensor_s.get(rel, 0.0)
+        return self._interp(nbytes, rel) + extra
+
+    def _interp(self, nbytes: float, relation: str) -> float:
+        ts = self.hop_s.get(relation)
         if ts is None:
             raise KeyError(
                 f"No message cost for {relation!r} (measured: {sorted(self.hop_s)}); re-profile "
@@ -282,7 +292,7 @@ class WorkflowProfile:
         """Seconds to move ``nbytes`` between two device groups."""
         return 0.0 if nbytes <= 0 else self.link_latency_s + nbytes / self.link_bandwidth_Bps
 
-    def message_s(self, nbytes: float, apart: bool, devices: int = 1) -> float:
+    def message_s(self, nbytes: float, apart: bool, devices: int = 1, tensors: int = 1) -> float:
         """Seconds one channel message of ``nbytes`` takes between two worker groups.
 
         Args:
@@ -290,6 +300,7 @@ class WorkflowProfile:
             apart: True when the two groups run on disjoint devices, False when they share
                 devices (collocated: different processes on the same devices).
             devices: Devices the two groups span together (decides same node vs cross node).
+            tensors: Tensors in the message.
 
         Without :attr:`messages` this is the pre-message model: 0 on shared devices,
         :meth:`transfer_s` between disjoint ones. With it: the measured ``same_node`` message,
@@ -300,10 +311,10 @@ class WorkflowProfile:
             return self.transfer_s(nbytes) if apart else 0.0
         cross = apart and 0 < self.devices_per_node < devices
         if not cross:
-            return self.messages.time(nbytes, "same_node")
+            return self.messages.time(nbytes, "same_node", tensors)
         if self.messages.measured("cross_node"):
-            return self.messages.time(nbytes, "cross_node")
-        return self.messages.time(nbytes, "same_node") + self.transfer_s(nbytes)
+            return self.messages.time(nbytes, "cross_node", tensors)
+        return self.messages.time(nbytes, "same_node", tensors) + self.transfer_s(nbytes)
 
     def scaled(
         self, time_factor: float = 1.0, device_memory_bytes: float | None = None

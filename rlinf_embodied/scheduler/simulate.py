@@ -93,9 +93,10 @@ class _Sim:
             return self._cycle(plan, _portion(plan.stage.items, items_frac), t0)
         if isinstance(plan, Temporal):
             t = self.run(plan.left, items_frac, t0)
-            nbytes = first_stage(plan.right).in_bytes * _fraction(items_frac)
+            st = first_stage(plan.right)
+            nbytes = st.in_bytes * _fraction(items_frac)
             if nbytes > 0:
-                t += self.profile.message_s(nbytes, False, plan.devices)
+                t += self.profile.message_s(nbytes, False, plan.devices, st.in_tensors)
             t = self.run(plan.right, items_frac, t)
             if plan.offload:
                 t += sum(
@@ -115,9 +116,10 @@ class _Sim:
             for s, stage in enumerate(stages):
                 start = max(ready, free[s])
                 if s > 0:
-                    nbytes = first_stage(stage).in_bytes * _fraction(path)
+                    st = first_stage(stage)
+                    nbytes = st.in_bytes * _fraction(path)
                     if nbytes > 0:
-                        start += self.profile.message_s(nbytes, True, plan.devices)
+                        start += self.profile.message_s(nbytes, True, plan.devices, st.in_tensors)
                 ready = free[s] = self.run(stage, path, start)
             end = max(end, ready)
         return end
@@ -129,6 +131,7 @@ class _Sim:
         rounds = plan.stage.rounds
         free = [t0] * (len(members) if plan.split else 1)
         ring = plan.stage.ring_bytes
+        tensors = plan.stage.ring_tensors or (1,) * len(ring)
         # event: (ready time, seq, micro-batch, round, member index)
         heap = [(t0, j, j, 0, 0) for j in range(len(sizes)) if sizes[j] > 0]
         heapq.heapify(heap)
@@ -137,7 +140,8 @@ class _Sim:
             ready, _, j, r, i = heapq.heappop(heap)
             res = i if plan.split else 0
             start = max(ready, free[res])
-            start += self.profile.message_s(ring[i - 1] * sizes[j], plan.split, plan.devices)
+            start += self.profile.message_s(ring[i - 1] * sizes[j], plan.split, plan.devices,
+                                            tensors[i - 1])
             done = start + self.calls(members[i], sizes[j], devs[i], sizes[j])
             free[res] = done
             nxt_i, nxt_r = (i + 1) % len(members), r + (i + 1) // len(members)

@@ -44,6 +44,8 @@ def test_message_profile_interpolates_and_falls_back():
     assert m.time(600, "same_node") == pytest.approx(1.5e-3)
     assert m.time(2100, "same_node") == pytest.approx(3e-3)  # last slope beyond
     assert m.time(600, "cross_node") == pytest.approx(1.5e-3)  # not measured: same_node
+    per = MessageProfile((100.0,), {"same_node": (1e-3,)}, per_tensor_s={"same_node": 2e-4})
+    assert per.time(100, "same_node", tensors=4) == pytest.approx(1e-3 + 3 * 2e-4)
     prof = WorkflowProfile({}, 1.0, link_bandwidth_Bps=1e6, link_latency_s=0.0, messages=m,
                            devices_per_node=8)
     assert prof.message_s(600, apart=True, devices=8) == pytest.approx(1.5e-3)

@@ -96,18 +96,22 @@ def test_profile_messages_measures_a_real_channel_round_trip(ray_session):
     assert message_payload(4096)["obs"]["states"].numel() == 1024
     msgs = profile_messages(Cluster(num_cpu_devices=1), [4096, 256 * 1024], repeats=4, warmup=1)
     assert msgs.payload_bytes == (4096.0, 262144.0)
-    assert set(msgs.hop_s) == {"same_node", "same_process"}
+    assert set(msgs.hop_s) == {"same_node", "same_process"} == set(msgs.per_tensor_s)
     assert all(0 < t < 60 for ts in msgs.hop_s.values() for t in ts)
+    assert all(0 <= t < 60 for t in msgs.per_tensor_s.values())
     assert msgs.source.startswith("measured: runtime Channel round trips")
     live = [a for a in ray.util.list_named_actors() if "probe-" in a]
     assert not live, live  # both probe channels deleted
 
     # the measured cost enters the prediction once per message sent
-    cycle, actor = embodied_graph(16, 5, 1, obs_bytes=256, action_bytes=324, sample_bytes=344).stages()
+    cycle, actor = embodied_graph(16, 5, 1, obs_bytes=256, action_bytes=324, sample_bytes=344,
+                                  obs_tensors=1, action_tensors=4, sample_tensors=10).stages()
     comps = {n: affine_profile(n, 1e-3, 1e-4) for n in ("env", "rollout", "actor")}
     plan = Temporal(Cycle(cycle, 1, False, 1), Leaf(actor, 1, 80), False)
     free = CostModel(WorkflowProfile(comps, 1e12)).iteration_time(plan)
     priced = CostModel(WorkflowProfile(comps, 1e12, messages=msgs)).iteration_time(plan)
-    per_round = msgs.time(16 * 256, "same_node") + msgs.time(16 * 324, "same_node")
-    handoff = msgs.time(16 * 5 * 344, "same_node")
+    per_round = msgs.time(16 * 256, "same_node") + msgs.time(16 * 324, "same_node", tensors=4)
+    handoff = msgs.time(16 * 5 * 344, "same_node", tensors=10)
+    assert msgs.time(16 * 324, "same_node", tensors=4) == pytest.approx(
+        msgs.time(16 * 324, "same_node") + 3 * msgs.per_tensor_s["same_node"])
     assert priced - free == pytest.approx(5 * per_round + handoff)
