@@ -372,26 +372,47 @@ def search_times() -> dict:
     return out
 
 
-def _start_ray(attempts: int = 8) -> None:
-    """``ray.init``, retried: on a loaded shared machine Ray's fixed 30 s raylet start-up wait
-    can expire. A failed attempt leaves its head processes running (children of this process);
-    they are killed before the next attempt."""
+def _start_ray(attempts: int = 4, patience_s: float = 240.0) -> None:
+    """``ray.init`` on a loaded shared machine.
+
+    Ray waits a fixed 30 s for its raylet to register (``ray/_private/node.py``), which a
+    machine with a load average of 20-30 on 2 cores can exceed; the node-info lookup it polls is
+    retried here for up to ``patience_s``. A failed attempt's head processes (children of this
+    process) are killed before the next attempt.
+    """
     import psutil
     import ray
+    from ray._private import services
 
-    for i in range(attempts):
-        try:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     namespace="rlinf_embodied")
-            return
-        except Exception as e:  # Ray raises a bare Exception for this
-            ray.shutdown()
-            for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-            if i == attempts - 1:
-                raise
-            print(f"ray.init failed ({e}); retrying", file=sys.stderr)
+    plain = services.get_node
+
+    def patient(gcs_address, node_id):
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return plain(gcs_address, node_id)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = patient
+    try:
+        for i in range(attempts):
+            try:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                         namespace="rlinf_embodied")
+                return
+            except Exception as e:  # Ray raises a bare Exception for this
+                ray.shutdown()
+                for child in psutil.Process().children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()
+                if i == attempts - 1:
+                    raise
+                print(f"ray.init failed ({e}); retrying", file=sys.stderr)
+    finally:
+        services.get_node = plain
 
 
 def main(argv=None) -> int:

@@ -201,7 +201,7 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 
 
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
-                    repeats: int = 3, message_repeats: int = 20,
+                    repeats: int = 3, message_repeats: int = 10,
                     dp_ranks: int = 2) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
