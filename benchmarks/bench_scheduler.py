@@ -400,8 +400,9 @@ def _start_ray(attempts: int = 4, patience_s: float = 240.0) -> None:
     try:
         for i in range(attempts):
             try:
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                         namespace="rlinf_embodied")
+                # "local": a new instance even when another Ray runs on this machine
+                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False, namespace="rlinf_embodied")
                 return
             except Exception as e:  # Ray raises a bare Exception for this
                 ray.shutdown()
