@@ -275,7 +275,7 @@ def profile_main_job(out_dir: Path, repeats: int):
     t0 = time.perf_counter()
     cluster = Cluster(num_cpu_devices=cfg.cluster.num_cpu_devices)
     with contextlib.redirect_stdout(sys.stderr):
-        prof = measure_profile(cfg, cluster, out_dir / "profile", "bench", repeats=5,
+        prof = measure_profile(cfg, cluster, out_dir / "profile", "bench", repeats=repeats,
                                message_repeats=repeats)
     return prof, time.perf_counter() - t0
 

@@ -202,7 +202,7 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
                     repeats: int = 3, message_repeats: int = 10,
-                    dp_ranks: int = 2) -> WorkflowProfile:
+                    dp_ranks: int = 2, warmup: int = 3) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
@@ -224,6 +224,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         repeats: Timed calls per component batch size (the median is kept).
         message_repeats: Round trips per message size.
         dp_ranks: Actor ranks of the data-parallel measurement (1: keep ``dp_efficiency`` 1).
+        warmup: Untimed calls per batch size first (a freshly built env pool runs its first
+            steps slower).
     """
     from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
     from rlinf_embodied.runtime import PlacementPlan
@@ -244,6 +246,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         profile = profile_workflow(
             components, sizes, _device_memory(),
             weight_sync=lambda: groups.sync.push(next(versions)), repeats=repeats,
+            warmup=warmup,
         )
         spec = groups.env.on([0]).space_spec().wait()[0]
     finally:
