@@ -317,6 +317,12 @@ def _probe_worker_cls():
 
         def __init__(self, there: str, back: str):
             self.there, self.back = Channel.connect(there), Channel.connect(back)
+            if hasattr(Channel, "bind"):  # consumers that bind their keys get items directly
+                if self.rank == 1:
+                    self.there.bind("ping")
+                else:
+                    self.back.bind("pong")
+                    self.there.bind("self")
 
         def echo(self, count: int) -> int:
             """Return ``count`` messages from ``there`` on ``back``, unchanged."""
@@ -353,7 +359,8 @@ def profile_messages(
     else both on device 0) exchange :func:`message_payload` items through two runtime channels:
     rank 0 puts, rank 1 gets and puts the same item back, rank 0 gets it. Half the median round
     trip is the ``same_node`` cost of one message (both processes are on the driver's node; the
-    measurement goes through the public ``Channel`` API, so it follows whatever transport the
+    measurement goes through the public ``Channel`` API, consumers binding their keys as the
+    job's workers do where the channel offers ``bind``, so it follows whatever transport the
     channel picks for that placement). With ``same_process`` rank 0 also times a put followed by
     its own get (``same_process``). A message of ``tensor_probe`` tensors at the smallest size
     gives the extra cost per tensor (each tensor is serialised on its own: a reply of actions,
