@@ -397,6 +397,8 @@ def _start_ray(attempts: int = 4, patience_s: float = 240.0) -> None:
                 time.sleep(0.5)
 
     services.get_node = patient
+    # the raylet waits this long (default 30 s) for its agents; a loaded machine needs more
+    os.environ.setdefault("RAY_agent_register_timeout_ms", str(int(patience_s * 1000)))
     try:
         for i in range(attempts):
             try:
