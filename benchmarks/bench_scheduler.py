@@ -372,7 +372,7 @@ def search_times() -> dict:
     return out
 
 
-def _start_ray(attempts: int = 4, patience_s: float = 240.0) -> None:
+def _start_ray(attempts: int = 12, patience_s: float = 40.0) -> None:
     """``ray.init`` on a loaded shared machine.
 
     Ray waits a fixed 30 s for its raylet to register (``ray/_private/node.py``), which a
