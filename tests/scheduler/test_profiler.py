@@ -93,7 +93,8 @@ def test_profile_messages_measures_a_real_channel_round_trip(ray_session):
     from rlinf_embodied.scheduler.profiler import message_payload, profile_messages
     from rlinf_embodied.scheduler.profiles import WorkflowProfile, affine_profile
 
-    assert message_payload(4096)["obs"]["states"].numel() == 1024
+    assert message_payload(4096)["obs"]["t0"].numel() == 1024
+    assert [t.numel() for t in message_payload(4096, tensors=4)["obs"].values()] == [256] * 4
     msgs = profile_messages(Cluster(num_cpu_devices=1), [4096, 256 * 1024], repeats=4, warmup=1)
     assert msgs.payload_bytes == (4096.0, 262144.0)
     assert set(msgs.hop_s) == {"same_node", "same_process"} == set(msgs.per_tensor_s)
