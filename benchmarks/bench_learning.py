@@ -1,0 +1,167 @@
+"""Learning benchmark: does the main job solve PushCube every time, and stay solved?
+
+For each of 3 seeds, runs the main job (``configs/maniskill_pushcube_ppo_mlp.yaml``) through
+the real CLI with ``trainer.target_success=null`` (it trains on after solving, so the end of
+the run shows whether the policy stays solved) and reads its ``metrics.jsonl`` and
+``eval/*.json``. Per seed: env steps and wall time to the first evaluation with
+``success_once >= 0.95`` (the shipped job stops there), the final ``success_once`` /
+``success_at_end``, and the lowest ``success_once`` of any evaluation after the first solve.
+Wall times depend on the machine's load (recorded: mean 1-minute load average during each
+run, sampled every 5 s); env steps do not.
+
+Optional sections: ``--pickcube`` also runs ``configs/maniskill_pickcube_ppo_mlp.yaml``
+(first eval success_once >= 0.8, 20-minute cap); ``--sft-rl DIR`` adds the ``summary.json`` of
+an ``rlinf-embodied sft-rl`` run directory. ``--summarize DIR ...`` only reads existing main-job
+run directories (no training). ``--quick``: one seed, at most 60 iterations.
+
+Targets (issue 16, 2 cores): every seed reaches 0.95 within 6 minutes and ends with
+success_once >= 0.95 and success_at_end >= 0.9. Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = "configs/maniskill_pushcube_ppo_mlp.yaml"
+PICK = "configs/maniskill_pickcube_ppo_mlp.yaml"
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every ``period`` seconds in a thread."""
+
+    def __init__(self, period: float = 5.0):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    def _run(self, period: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(period)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+    @property
+    def mean(self) -> float | None:
+        return round(statistics.fmean(self.samples), 2) if self.samples else None
+
+
+def summarize_run(run_dir: Path, target: float) -> dict:
+    """Per-run learning numbers from a run directory's metrics.jsonl and eval/*.json."""
+    evals = sorted((json.loads(p.read_text()) for p in (run_dir / "eval").glob("iter_*.json")),
+                   key=lambda r: r["iteration"])
+    times = {}
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            times[rec["iteration"]] = rec.get("time_s")
+    first = next((r for r in evals if r["success_once"] >= target), None)
+    after = [r for r in evals if first is not None and r["iteration"] >= first["iteration"]]
+    out = {
+        "run_dir": str(run_dir),
+        "evals": len(evals),
+        "curve": [[r["env_steps"], round(r["success_once"], 3), round(r["success_at_end"], 3)]
+                  for r in evals],
+        "solved": first is not None,
+        "env_steps_to_target": first["env_steps"] if first else None,
+        "train_wall_s_to_target": round(times.get(first["iteration"]), 1)
+        if first and times.get(first["iteration"]) is not None else None,
+        "final_success_once": evals[-1]["success_once"] if evals else None,
+        "final_success_at_end": evals[-1]["success_at_end"] if evals else None,
+        "min_success_once_after_solve": min(r["success_once"] for r in after) if after else None,
+        "min_success_at_end_after_solve": min(r["success_at_end"] for r in after) if after else None,
+        "final_env_steps": evals[-1]["env_steps"] if evals else None,
+    }
+    return out
+
+
+def train(config: str, run_dir: Path, overrides: list[str], timeout_s: float) -> dict:
+    """Run ``rlinf-embodied train`` as a subprocess; returns wall time and mean load."""
+    cmd = [sys.executable, "-m", "rlinf_embodied.cli", "train", config,
+           f"run.dir={run_dir}", "eval.num_videos=0", *overrides]
+    t0 = time.perf_counter()
+    with LoadSampler() as load:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{tail}")
+    return {"process_wall_s": round(wall, 1), "mean_load": load.mean}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one seed, at most 60 iterations")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None)
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--summarize", type=Path, nargs="+", default=None,
+                    help="existing main-job run directories to summarise instead of training")
+    ap.add_argument("--pickcube", action="store_true", help="also run the PickCube config")
+    ap.add_argument("--pickcube-run", type=Path, default=None, help="existing PickCube run dir")
+    ap.add_argument("--sft-rl", type=Path, default=None, help="an sft-rl run directory")
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    seeds = args.seeds or ([1] if args.quick else [1, 2, 3])
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_learning_"))
+    load_start = os.getloadavg()[0]
+    runs = []
+    if args.summarize:
+        runs = [summarize_run(d, args.target) for d in args.summarize]
+    else:
+        extra = ["trainer.target_success=null", "trainer.max_time_s=null"]
+        if args.quick:
+            extra.append("trainer.iterations=60")
+        for s in seeds:
+            d = work / f"pushcube_seed{s}"
+            info = train(MAIN, d, [f"run.seed={s}", *extra], timeout_s=3600)
+            runs.append({"seed": s, **info, **summarize_run(d, args.target)})
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
+    solved = [r for r in runs if r["solved"]]
+    result = {
+        "bench": "learning",
+        "quick": args.quick,
+        "main_job": MAIN,
+        "target_success_once": args.target,
+        "seeds": len(runs),
+        "all_solved": len(solved) == len(runs) and bool(runs),
+        "env_steps_to_target": [r["env_steps_to_target"] for r in runs],
+        "train_wall_s_to_target": [r["train_wall_s_to_target"] for r in runs],
+        "final_success_once": [r["final_success_once"] for r in runs],
+        "final_success_at_end": [r["final_success_at_end"] for r in runs],
+        "min_success_once_after_solve": [r["min_success_once_after_solve"] for r in runs],
+        "mean_load": [r.get("mean_load") for r in runs],
+        "process_wall_s": [r.get("process_wall_s") for r in runs],
+        "load_at_start": round(load_start, 2),
+        "runs": runs,
+    }
+    if args.pickcube or args.pickcube_run:
+        d = args.pickcube_run or work / "pickcube"
+        info = {} if args.pickcube_run else train(PICK, d, ["trainer.target_success=null"], 3600)
+        pc = summarize_run(d, 0.8)
+        result["pickcube"] = {**info, **pc}
+    if args.sft_rl:
+        result["sft_rl"] = json.loads((args.sft_rl / "summary.json").read_text())
+    result["load_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
