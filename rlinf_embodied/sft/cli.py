@@ -18,7 +18,7 @@ import typer
 
 __all__ = ["register"]
 
-_CONFIG = typer.Argument(..., help="SFT pipeline YAML, e.g. configs/maniskill_pushcube_sft_rl_mlp.yaml")
+_CONFIG = typer.Argument(..., help="SFT pipeline YAML, e.g. configs/sft/maniskill_pushcube_sft_rl_mlp.yaml")
 _OVERRIDES = typer.Argument(None, help="key=value overrides (e.g. demos.num_trajectories=10)")
 
 

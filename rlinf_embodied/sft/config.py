@@ -1,6 +1,6 @@
 """Typed configuration of the SFT -> RL pipeline (``rlinf-embodied demos | sft | sft-rl``).
 
-One YAML (e.g. ``configs/maniskill_pushcube_sft_rl_mlp.yaml``) describes the whole pipeline:
+One YAML (e.g. ``configs/sft/maniskill_pushcube_sft_rl_mlp.yaml``) describes the whole pipeline:
 the env the demonstrations are recorded in and the policy is evaluated on (``env``), the policy
 to behaviour-clone (``policy``), where the demonstrations come from (``demos``), the BC
 optimisation (``bc``), the evaluation on held-out seeds (``eval``, ManiSkill's fair protocol)
@@ -14,13 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlinf_embodied.config import (
-    ConfigError,
-    EnvConfig,
-    ManiSkillEnvConfig,
-    PolicyConfig,
-    RunConfig,
-)
+from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig"]
 
@@ -92,7 +86,7 @@ class SFTEvalConfig:
 class RLStageConfig:
     """The RL fine-tuning stage: a training job YAML started from the SFT checkpoint."""
 
-    config: str = "configs/maniskill_pushcube_ppo_mlp.yaml"
+    config: str = "maniskill_pushcube_ppo_mlp_finetune"
     """Job YAML of the RL run (its env must match ``env``; its ``policy.checkpoint`` is set to
     the SFT checkpoint)."""
     overrides: list[str] = field(default_factory=list)
@@ -101,10 +95,10 @@ class RLStageConfig:
 
 @dataclass
 class SFTJobConfig:
-    """A whole SFT -> RL pipeline (top level of ``configs/*_sft_rl_*.yaml``)."""
+    """A whole SFT -> RL pipeline (top level of ``configs/sft/*.yaml``)."""
 
     run: RunConfig = field(default_factory=RunConfig)
-    env: EnvConfig = field(default_factory=ManiSkillEnvConfig)
+    env: EnvConfig = field(default_factory=lambda: config_class("env", "maniskill")())
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
     bc: BCConfig = field(default_factory=BCConfig)

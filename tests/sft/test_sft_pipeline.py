@@ -18,7 +18,7 @@ import torch
 from rlinf_embodied.config import ConfigError, load_config
 from rlinf_embodied.sft.config import SFTJobConfig
 
-CONFIG = "configs/maniskill_pushcube_sft_rl_mlp.yaml"
+CONFIG = "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml"
 EVAL_SEED = 1_000_000  # maniskill_fair_v1 env_seed: trial i resets with EVAL_SEED + i
 
 
