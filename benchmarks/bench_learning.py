@@ -92,6 +92,92 @@ def summarize_run(run_dir: Path, target: float) -> dict:
     return out
 
 
+def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
+    """The main job's learning loop in one process, without Ray (``--in-process``).
+
+    Same env settings, policy, ``update_policy`` and LR schedule as the job, and the job's
+    evaluation semantics (greedy, fixed-length episodes on the held-out seeds
+    ``eval.seed_offset + run.seed * 1000 + i``); only the workers, channels and placement are
+    left out. For measuring env steps to a success level on a machine too loaded to start
+    Ray reliably. Writes ``eval/iter_*.json`` and ``metrics.jsonl`` like a run directory.
+    """
+    import dataclasses
+
+    import torch
+
+    from rlinf_embodied.algorithms.update import lr_lambda, update_policy
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.policies import build_policy
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    cfg = load_config(config, overrides)
+    t, e = cfg.trainer, cfg.eval
+    torch.set_num_threads(1)
+    env = make_env(dataclasses.replace(cfg.env, num_processes=0))
+    ev_env = make_env(dataclasses.replace(cfg.env, num_envs=e.num_episodes, num_processes=0,
+                                          ignore_terminations=True))
+    obs, _ = env.reset(seed=0)
+    a = env.action_spec
+    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
+                     state_dim=int(obs["states"].shape[-1]))
+    torch.manual_seed(cfg.run.seed)
+    policy = build_policy(cfg.policy, spec)
+    opt = torch.optim.Adam(policy.parameters(), lr=t.lr, eps=1e-5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.lr_schedule, t.iterations))
+    (run_dir / "eval").mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "metrics.jsonl", "w")
+    steps, t0 = 0, time.perf_counter()
+    for it in range(t.iterations):
+        obs, _ = env.reset(seed=cfg.run.seed * 1_000_000 + it * 1_000)
+        rec = []
+        for _ in range(t.rollout_steps):
+            with torch.no_grad():
+                out = policy.act(obs)
+            obs, r, term, trunc, info = env.chunk_step(out.actions)
+            rec.append((out, r.sum(-1).float(), term.any(-1), trunc.any(-1),
+                        ~info["autoreset"].bool(), info["success_once"].bool()))
+            steps += int(info["num_substeps"].sum())
+        with torch.no_grad():
+            last = policy.predict_values(obs)
+        batch = {
+            "actions": torch.stack([o.actions for o, *_ in rec]),
+            "logprobs": torch.stack([o.logprobs for o, *_ in rec]),
+            "values": torch.stack([o.values for o, *_ in rec] + [last]),
+            "forward_inputs": {k: torch.stack([o.forward_inputs[k] for o, *_ in rec])
+                               for k in rec[0][0].forward_inputs},
+            "rewards": torch.stack([x[1] for x in rec]),
+            "terminations": torch.stack([x[2] for x in rec]),
+            "truncations": torch.stack([x[3] for x in rec]),
+            "valid": torch.stack([x[4] for x in rec]),
+            "success": torch.stack([x[5] for x in rec]),
+        }
+        update_policy(policy, opt, batch, cfg, it)
+        sched.step()
+        m = {"iteration": it + 1, "env_steps": steps, "time_s": time.perf_counter() - t0,
+             "rollout/success_once": float(batch["success"][-1].float().mean())}
+        if t.eval_every and (it + 1) % t.eval_every == 0:
+            o, _ = ev_env.reset(seed=e.seed_offset + cfg.run.seed * 1000)
+            once = torch.zeros(ev_env.num_envs, dtype=torch.bool)
+            for _ in range(ev_env.max_episode_steps):
+                with torch.no_grad():
+                    act = policy.act(o, mode="greedy").actions
+                o, r, term, trunc, info = ev_env.chunk_step(act)
+                once |= info["success_once"].bool()
+            at_end = info["success"].bool()
+            res = {"iteration": it + 1, "env_steps": steps, "episodes": ev_env.num_envs,
+                   "success_once": float(once.float().mean()),
+                   "success_at_end": float(at_end.float().mean())}
+            (run_dir / "eval" / f"iter_{it + 1:06d}.json").write_text(json.dumps(res))
+            m.update({f"eval/{k}": res[k] for k in ("success_once", "success_at_end")})
+            print(json.dumps(m), flush=True)
+        log.write(json.dumps(m) + "\n")
+        log.flush()
+    env.close()
+    ev_env.close()
+    return {"process_wall_s": round(time.perf_counter() - t0, 1)}
+
+
 def train(config: str, run_dir: Path, overrides: list[str], timeout_s: float) -> dict:
     """Run ``rlinf-embodied train`` as a subprocess; returns wall time and mean load."""
     cmd = [sys.executable, "-m", "rlinf_embodied.cli", "train", config,
@@ -117,6 +203,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--pickcube-run", type=Path, default=None, help="existing PickCube run dir")
     ap.add_argument("--sft-rl", type=Path, default=None, help="an sft-rl run directory")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--in-process", action="store_true",
+                    help="the job's learning loop without Ray (env steps on a loaded machine)")
     args = ap.parse_args(argv)
     seeds = args.seeds or ([1] if args.quick else [1, 2, 3])
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_learning_"))
@@ -130,13 +218,19 @@ def main(argv=None) -> dict:
             extra.append("trainer.iterations=60")
         for s in seeds:
             d = work / f"pushcube_seed{s}"
-            info = train(MAIN, d, [f"run.seed={s}", *extra], timeout_s=3600)
+            if args.in_process:
+                with LoadSampler() as load:
+                    info = train_in_process(MAIN, d, [f"run.seed={s}", *extra])
+                info["mean_load"] = load.mean
+            else:
+                info = train(MAIN, d, [f"run.seed={s}", *extra], timeout_s=3600)
             runs.append({"seed": s, **info, **summarize_run(d, args.target)})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
     solved = [r for r in runs if r["solved"]]
     result = {
         "bench": "learning",
         "quick": args.quick,
+        "mode": "in_process" if args.in_process else "cli",
         "main_job": MAIN,
         "target_success_once": args.target,
         "seeds": len(runs),
