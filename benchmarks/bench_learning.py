@@ -230,7 +230,7 @@ def main(argv=None) -> dict:
     result = {
         "bench": "learning",
         "quick": args.quick,
-        "mode": "in_process" if args.in_process else "cli",
+        "mode": "summarize" if args.summarize else ("in_process" if args.in_process else "cli"),
         "main_job": MAIN,
         "target_success_once": args.target,
         "seeds": len(runs),
