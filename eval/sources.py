@@ -432,7 +432,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
         if expected_type not in (None, "random"):
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
         sha = hashlib.sha256(b"random").hexdigest()
-        return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False)
+        return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
+                            execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1})
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
