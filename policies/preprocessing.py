@@ -117,7 +117,7 @@ def lanczos3_resize(images: np.ndarray, size: int) -> np.ndarray:
         (N, S, S, 3) uint8.
     """
     n, h, w, _ = images.shape
-    x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float64)
+    x = torch.from_numpy(np.array(images, copy=True)).to(torch.float64)
     wy, wx = lanczos3_weights(h, size), lanczos3_weights(w, size)
     y = torch.einsum("oh,nhwc->nowc", wy, x)
     y = torch.einsum("pw,nowc->nopc", wx, y)
