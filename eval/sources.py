@@ -301,7 +301,8 @@ def oft_layout(path: Path, ctx: PolicyContext) -> Dict[str, Any]:
       wrist camera (OFT checkpoints do not record their image count);
     * ``proprio_projector--*checkpoint.pt``: ``use_proprio`` with ``proprio_dim`` read from
       the projector's ``fc1`` weight;
-    * no head file: the discrete-token model RL systems start from (one image, no proprio).
+    * no head file: the discrete-token model RL systems start from (one image, no proprio);
+      such a directory looks like OpenVLA's, so it is OFT only with ``--policy-type openvla_oft``.
 
     Raises:
         PolicySourceError: a diffusion head (``noisy_action_projector--*``) or a FiLM vision
@@ -384,6 +385,10 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
     from rlinf_embodied.config import config_class
 
     kind = vla_type(path)
+    if expected_type == "openvla_oft" and kind == "openvla":
+        # No head files: a discrete-token OFT model (the SFT checkpoints RL systems start from)
+        # is laid out like OpenVLA; --policy-type says which it is.
+        kind = "openvla_oft"
     if expected_type is not None and expected_type != kind:
         raise PolicySourceError(
             f"{path} is a published {kind} checkpoint but --policy-type is {expected_type}; "

@@ -203,7 +203,9 @@ def ref_oft_actions(vlm, tok, pixels: torch.Tensor, instruction: str, proprio_sd
         full = torch.zeros(1, 1, length, length)
         hidden = vlm.language_model.model(inputs_embeds=seq[None], attention_mask=full,
                                           position_ids=torch.arange(length)[None]).last_hidden_state[0]
-        start = 1 + patches.shape[0] + len(extra) + len(ids) - 1
+        # Upstream: NUM_PATCHES (+1 proprio) + NUM_PROMPT_TOKENS (= len(ids) - 1, <s> and ▁
+        # included in ids) -> the index of the last prompt token (<s> sits at 0).
+        start = patches.shape[0] + len(extra) + len(ids) - 1
         return ref_l1_head(head_sd, hidden[start : start + chunk * adim], chunk)
 
 
