@@ -33,7 +33,7 @@ MEANS, STDS = [[0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0]]  # identity normalisation: gr
 
 
 def libero_frames(n: int) -> np.ndarray:
-    from rlinf_embodied.config import LiberoEnvConfig
+    from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
     from rlinf_embodied.envs.registry import make_env
 
     cfg = LiberoEnvConfig(suite="libero_spatial", task_ids=[0], num_envs=n, num_processes=0,

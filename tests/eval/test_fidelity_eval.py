@@ -62,7 +62,7 @@ def test_chunked_policy_records_queries_and_open_loop_steps(tmp_path):
 
 def test_gym_entry_point_without_step_limit(tmp_path):
     from rlinf_embodied.checkpoint import checkpoint_dir
-    from rlinf_embodied.config import MLPPolicyConfig
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
     from rlinf_embodied.policies.base import SpaceSpec
     from rlinf_embodied.policies.registry import build_policy, save_policy
 
