@@ -133,6 +133,12 @@ def test_oft_layout_inference_and_refusals(tmp_path):
     ex = resolve_policy(str(plain), _ctx(shapes), expected_type="openvla_oft").header()["execution"]
     assert ex["head"] == "parallel_tokens" and ex["action_chunk"] == K
     assert not ex["use_proprio"] and not ex["use_wrist_image"]
+    # The GRPO recipe names such a checkpoint and runs it the same way (item 3).
+    from rlinf_embodied.config import load_config
+
+    recipe = load_config("configs/libero_spatial_grpo_openvla_oft.yaml").policy
+    assert (recipe.action_head, recipe.use_wrist_image, recipe.use_proprio) == ("discrete", False, False)
+    assert recipe.action_chunk == ex["action_chunk"] and recipe.image_preprocessing == "upstream"
     bad_stats = {"libero_spatial": {"action": STATS["libero_spatial_no_noops"]["action"]}}
     nostats = ref.write_published_dir(tmp_path / "nostats", vlm, arch_d, tok, bad_stats,
                                       heads={"proprio_projector": ref.random_proprio_projector(d, S)})
