@@ -92,9 +92,9 @@ class LoadedPolicy:
     execution: Dict[str, Any] = field(default_factory=dict)
 
     def header(self) -> Dict[str, Any]:
-        """The results-header entry of the policy (``execution``: what a query runs)."""
+        """The results-header entry of the policy (``execution`` goes in the header beside it)."""
         return {"source": self.source, "kind": self.kind, "sha256": self.sha256,
-                "path": self.path, "execution": dict(self.execution)}
+                "path": self.path}
 
 
 def hash_files(root: Path) -> str:

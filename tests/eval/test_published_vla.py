@@ -71,7 +71,7 @@ def test_published_oft_directory_loads_l1_head_and_proprio_and_matches_upstream(
         "action_head": ref.random_l1_head(d, A), "proprio_projector": ref.random_proprio_projector(d, S)})
     shapes = {"states": (S,), "main_images": (H, H, 3), "wrist_images": (H, H, 3)}
     loaded = resolve_policy(str(path), _ctx(shapes))
-    ex = loaded.header()["execution"]
+    ex = loaded.execution
     assert loaded.kind == "openvla_oft"
     assert ex["head"] == "l1_regression" and ex["action_chunk"] == K and ex["open_loop_steps"] == K
     assert ex["use_proprio"] and ex["use_wrist_image"]
@@ -105,7 +105,7 @@ def test_published_openvla_directory_matches_upstream_greedy_decoding(tmp_path):
     stats = {"libero_spatial": STATS["libero_spatial_no_noops"], "bridge_orig": STATS["bridge_orig"]}
     path = ref.write_published_dir(tmp_path / "ovla", vlm, arch_d, tok, stats)
     loaded = resolve_policy(str(path), _ctx({"states": (S,), "main_images": (H, H, 3)}))
-    ex = loaded.header()["execution"]
+    ex = loaded.execution
     assert loaded.kind == "openvla" and ex["head"] == "autoregressive_tokens"
     assert ex["action_chunk"] == 1 and ex["unnorm_key"] == "libero_spatial"  # "{suite}" first
     obs = _obs(1)
@@ -130,7 +130,7 @@ def test_oft_layout_inference_and_refusals(tmp_path):
     # No head file (the SFT models RL systems start from): OpenVLA unless --policy-type says OFT.
     plain = ref.write_published_dir(tmp_path / "plain", vlm, arch_d, tok, STATS)
     assert resolve_policy(str(plain), _ctx(shapes)).kind == "openvla"
-    ex = resolve_policy(str(plain), _ctx(shapes), expected_type="openvla_oft").header()["execution"]
+    ex = resolve_policy(str(plain), _ctx(shapes), expected_type="openvla_oft").execution
     assert ex["head"] == "parallel_tokens" and ex["action_chunk"] == K
     assert not ex["use_proprio"] and not ex["use_wrist_image"]
     # The GRPO recipe names such a checkpoint and runs it the same way (item 3).
@@ -152,7 +152,7 @@ def test_oft_layout_inference_and_refusals(tmp_path):
     proprio_only = ref.write_published_dir(tmp_path / "proprio", vlm, arch_d, tok, STATS,
                                            heads={"proprio_projector": ref.random_proprio_projector(d, S)})
     loaded = resolve_policy(str(proprio_only), _ctx(shapes))
-    ex = loaded.header()["execution"]
+    ex = loaded.execution
     assert ex["head"] == "parallel_tokens" and ex["use_proprio"] and not ex["use_wrist_image"]
     many = {"a": STATS["bridge_orig"], "b": STATS["bridge_orig"]}
     other = ref.write_published_dir(tmp_path / "other", vlm, arch_d, tok, many)
