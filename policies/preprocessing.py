@@ -3,8 +3,9 @@
 Two modes (``policy.image_preprocessing``; the results header records which one ran):
 
 * ``fast``: all in torch on the policy's device, batched: bilinear antialiased resize to S,
-  integer-pixel centre crop of ``crop_area`` resized back (bilinear), normalise. About 2.7 grey
-  levels from upstream on average (p99 ~39 at edges), see ``benchmarks/bench_preprocessing.py``.
+  integer-pixel centre crop of ``crop_area`` resized back (bilinear), normalise. About 2.8 grey
+  levels from upstream on average on LIBERO frames (p99 37, at edges); see
+  ``benchmarks/bench_preprocessing.py``.
 * ``upstream``: what the openvla / openvla-oft LIBERO evaluation scripts feed the model
   (``experiments/robot/libero``: ``resize_image`` / ``resize_image_for_policy``,
   ``crop_and_resize``, then ``PrismaticImageProcessor``), reimplemented without tensorflow:
@@ -23,11 +24,13 @@ Two modes (``policy.image_preprocessing``; the results header records which one 
      (DINOv2's published values are bf16-rounded: 0.484375, 0.455078125, 0.40625 / 0.228515625,
      0.2236328125, 0.224609375), one copy per vision backbone stacked on channels.
 
-  Steps 1-2 run on the CPU per image (JPEG is inherently so); about 1 ms per 256 px image.
+  Steps 1-2 run on the CPU (JPEG per image); see ``benchmarks/bench_preprocessing.py`` for the
+  cost per image (several times the fast path's).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -117,11 +120,15 @@ def lanczos3_resize(images: np.ndarray, size: int) -> np.ndarray:
         (N, S, S, 3) uint8.
     """
     n, h, w, _ = images.shape
-    x = torch.from_numpy(np.array(images, copy=True)).to(torch.float64)
-    wy, wx = lanczos3_weights(h, size), lanczos3_weights(w, size)
-    y = torch.einsum("oh,nhwc->nowc", wy, x)
-    y = torch.einsum("pw,nowc->nopc", wx, y)
-    return torch.round(y).clamp(0, 255).to(torch.uint8).numpy()
+    x = torch.from_numpy(np.array(images, copy=True)).permute(0, 3, 1, 2).to(torch.float64)
+    wy, wx = _weights(h, size), _weights(w, size)
+    y = wy @ x @ wx.T  # (N, 3, S, S): rows, then columns
+    return torch.round(y).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(in_size: int, out_size: int) -> torch.Tensor:
+    return lanczos3_weights(in_size, out_size)
 
 
 def tf_center_crop_and_resize(x: torch.Tensor, crop_area: float = CROP_AREA,

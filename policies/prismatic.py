@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
