@@ -143,10 +143,10 @@ def check_oft_tiny_bf16(quick: bool) -> dict:
     """The tiny OpenVLA-OFT (configs/libero_spatial_grpo_openvla_oft_tiny.yaml's policy) built in
     bf16 on CUDA: act, then evaluate reproduces the logprobs."""
     import torch
-
-    from rlinf_embodied.config import load_config
     from rlinf_embodied.policies import build_policy
     from rlinf_embodied.policies.base import SpaceSpec
+
+    from rlinf_embodied.config import load_config
     from rlinf_embodied.workers.env_worker import synthetic_obs
 
     cfg = load_config(ROOT / "configs/libero_spatial_grpo_openvla_oft_tiny.yaml", ["policy.dtype=bfloat16"])
@@ -172,8 +172,9 @@ def check_libero_egl_render(quick: bool) -> dict:
     import torch
 
     os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", "0")
-    from rlinf_embodied.config import load_config
     from rlinf_embodied.envs import make_env
+
+    from rlinf_embodied.config import load_config
 
     cfg = load_config(ROOT / "configs/libero_spatial_grpo_openvla_oft_tiny.yaml",
                       ["env.num_envs=1", "env.num_processes=0", "env.image_size=128"])

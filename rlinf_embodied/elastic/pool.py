@@ -125,6 +125,7 @@ class ElasticRolloutPool:
         self._deferred = collections.Counter()
         self._deferred_nodes = 0
         self._dead_nodes: set = set()
+        self._restoring: List[cf.Future] = []  # node restores in flight (target: node)
         self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="elastic-join")
         self._serial = itertools.count()
         self._driver_node = ray.get_runtime_context().get_node_id()
@@ -143,7 +144,7 @@ class ElasticRolloutPool:
     def _await_joins(self) -> None:
         deadline = time.monotonic() + self.e.join_timeout_s
         self._spawn_wanted()
-        while self._joining and time.monotonic() < deadline:
+        while (self._joining or any(not f.done() for f in self._restoring)) and time.monotonic() < deadline:
             self._reap_joins()
             self._spawn_wanted()
             time.sleep(0.02)
@@ -211,7 +212,7 @@ class ElasticRolloutPool:
         self.provider.kill_node(m.node_id)
         restart = self.e.preemption.restart
         if restart == "immediate":
-            self._pool.submit(self.provider.restore_node)
+            self._restoring.append(self._pool.submit(self.provider.restore_node))
         elif restart == "next_iteration":
             self._deferred_nodes += 1
 
@@ -245,7 +246,7 @@ class ElasticRolloutPool:
         self._wanted.update(self._deferred)
         self._deferred.clear()
         for _ in range(self._deferred_nodes):
-            self._pool.submit(self.provider.restore_node)
+            self._restoring.append(self._pool.submit(self.provider.restore_node))
         self._deferred_nodes = 0
         if self.e.wait_for_joins:
             self._await_joins()
@@ -289,7 +290,8 @@ class ElasticRolloutPool:
                     if m.shard not in done:
                         done[m.shard] = res
                         placed[m.shard] = {"shard": m.shard, "worker": m.name, "kind": m.kind,
-                                           "attempts": attempts[m.shard], "seconds": round(dt, 4)}
+                                           "attempts": attempts[m.shard], "seconds": round(dt, 4),
+                                           "t_done": round(now - self._t0, 4)}
                         seconds[m.kind].append(dt)
                     m.first_done_at = m.first_done_at or now
                     m.shard = m.handle = None

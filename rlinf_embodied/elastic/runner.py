@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.config import JobConfig
