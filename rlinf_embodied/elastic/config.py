@@ -64,6 +64,8 @@ class PreemptionConfig:
     (the shard is in flight either way)."""
 
     def __post_init__(self) -> None:
+        if str(self.mode).lower() == "false":  # YAML 1.1 reads a bare `off` as false
+            self.mode = "off"
         if self.mode not in PREEMPTION_MODES:
             raise _error(f"Set elastic.preemption.mode to one of {PREEMPTION_MODES} (got {self.mode!r}).")
         if self.target not in PREEMPTION_TARGETS:

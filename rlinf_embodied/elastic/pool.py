@@ -198,18 +198,25 @@ class ElasticRolloutPool:
             self._event("join", worker=name, kind=kind, start_s=time.monotonic() - t_spawn)
         return changed
 
-    def _preempt(self, m: _Member) -> None:
-        """The simulator's kill: the worker process, or its whole node."""
-        m.kill_at, m.doomed = None, True
+    def _preempt(self, m: _Member, queue: collections.deque, done: dict) -> None:
+        """The simulator's kill: the worker process, or its whole node. A victim with a shard in
+        flight is reaped when its call reports the death (the path a real preemption takes);
+        an idle one is reaped at once."""
+        m.kill_at = None
         self._event("preempt", worker=m.name, shard=m.shard, target=self.e.preemption.target)
+        victims = [m]
         if self.e.preemption.target == "worker":
             m.group.shutdown()
+        else:
+            self._dead_nodes.add(m.node_id)
+            victims = [o for o in self.members if o.node_id == m.node_id]
+            self.provider.kill_node(m.node_id)
+        for v in victims:
+            v.doomed = True
+            if v.handle is None:
+                self._lost(v, queue, done)
+        if self.e.preemption.target == "worker":
             return
-        self._dead_nodes.add(m.node_id)
-        for other in self.members:
-            if other.node_id == m.node_id:
-                other.doomed = True
-        self.provider.kill_node(m.node_id)
         restart = self.e.preemption.restart
         if restart == "immediate":
             self._restoring.append(self._pool.submit(self.provider.restore_node))
@@ -266,8 +273,8 @@ class ElasticRolloutPool:
             now = time.monotonic()
             for m in list(self.members):
                 if m.kill_at is not None and now >= m.kill_at:
-                    self._preempt(m)
-                if m.handle is None:
+                    self._preempt(m, queue, done)
+                if m.handle is None or m not in self.members:
                     continue
                 try:
                     finished = m.handle.poll()

@@ -138,15 +138,16 @@ class ElasticRolloutWorker(Worker):
                     stats["env_errors"] += int(info["env_error"].sum())
                 ep_ret += torch.where(valid, rew, torch.zeros_like(rew))
                 done = (term_t | trunc_t) & valid
+                if done.any():  # sums as the env workers take them (float32 per step)
+                    stats["episodes"] += int(done.sum())
+                    stats["success_once"] += float(success[done].float().sum())
+                    stats["episode_return"] += float(ep_ret[done].sum())
                 for j in done.nonzero().flatten().tolist():
                     episodes.append({"iteration": iteration, "shard": shard, "env": first + j,
                                      "ordinal": ordinal[j], "step": t, "return": float(ep_ret[j]),
                                      "success_once": bool(success[j])})
                     ordinal[j] += 1
-                    stats["episodes"] += 1
-                    stats["success_once"] += float(success[j])
-                    stats["episode_return"] += float(ep_ret[j])
-                    ep_ret[j] = 0.0
+                ep_ret[done] = 0.0
             bootstrap = self._bootstrap(obs) if steps[0]["values"] is not None else None
         traj = _stack(steps, bootstrap)
         traj["group_ids"] = torch.arange(first, first + n) // G
