@@ -125,7 +125,7 @@ class ElasticRolloutPool:
         self._deferred = collections.Counter()
         self._deferred_nodes = 0
         self._dead_nodes: set = set()
-        self._restoring: List[cf.Future] = []  # node restores in flight (target: node)
+        self._restore_due = 0  # nodes to bring back (target: node); Ray starts them in the main thread
         self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="elastic-join")
         self._serial = itertools.count()
         self._driver_node = ray.get_runtime_context().get_node_id()
@@ -144,7 +144,8 @@ class ElasticRolloutPool:
     def _await_joins(self) -> None:
         deadline = time.monotonic() + self.e.join_timeout_s
         self._spawn_wanted()
-        while (self._joining or any(not f.done() for f in self._restoring)) and time.monotonic() < deadline:
+        self._restore_nodes()
+        while self._joining and time.monotonic() < deadline:
             self._reap_joins()
             self._spawn_wanted()
             time.sleep(0.02)
@@ -219,9 +220,20 @@ class ElasticRolloutPool:
             return
         restart = self.e.preemption.restart
         if restart == "immediate":
-            self._restoring.append(self._pool.submit(self.provider.restore_node))
+            self._restore_due += 1  # once the node's in-flight shards are re-queued
         elif restart == "next_iteration":
             self._deferred_nodes += 1
+
+    def _restore_nodes(self) -> None:
+        """Bring killed nodes back (blocks the dispatch loop while the raylet starts; running
+        shards go on)."""
+        while self._restore_due > 0:
+            self._restore_due -= 1
+            try:
+                node = self.provider.restore_node()
+                self._event("node_restored", node=node)
+            except Exception as exc:  # noqa: BLE001 - the run goes on reserved-only
+                self._event("node_restore_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _lost(self, m: _Member, queue: collections.deque, done: dict) -> None:
         self.members.remove(m)
@@ -252,8 +264,7 @@ class ElasticRolloutPool:
         self.sim.begin_iteration(iteration)
         self._wanted.update(self._deferred)
         self._deferred.clear()
-        for _ in range(self._deferred_nodes):
-            self._restoring.append(self._pool.submit(self.provider.restore_node))
+        self._restore_due += self._deferred_nodes
         self._deferred_nodes = 0
         if self.e.wait_for_joins:
             self._await_joins()
@@ -303,6 +314,9 @@ class ElasticRolloutPool:
                     m.first_done_at = m.first_done_at or now
                     m.shard = m.handle = None
                     changed = True
+            if self._restore_due and not any(m.doomed and m.handle for m in self.members):
+                self._restore_nodes()
+                changed = True
             now = time.monotonic()
             idle = sorted((m for m in live() if m.handle is None), key=lambda m: self.planner.estimate(m.kind))
             for m in idle:
