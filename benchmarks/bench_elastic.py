@@ -9,8 +9,9 @@ Prints one JSON line last:
 
     throughput_env_steps_per_s   {"reserved_only", "plus_1_preemptible", "plus_2_preemptible"}
     speedup_vs_reserved_only     the same, divided by reserved-only
-    join_first_request_s         a replacement worker: spawn -> its first finished shard
-    join_ready_s                 spawn -> process, envs, policy and weights ready
+    join_first_request_s         a replacement worker: spawn -> ready -> its first shard served
+                                 (ready time + first shard's duration)
+    join_ready_s                 spawn -> process, envs, policy and current weights ready
     recovery_s                   kill -> the killed worker's shard finished elsewhere
     breakdown                    per setting: rollout wall, shard seconds, reserved share
 
@@ -35,7 +36,7 @@ def job(preemptible: int, shards: int, shard_envs: int, steps: int, sleep_s: flo
         "env.num_processes=0", "env.kwargs={length: 5, step_sleep_s: %g}" % sleep_s,
         "policy.type=mlp", "policy.hidden_sizes=[16]", f"trainer.rollout_steps={steps}",
         "elastic.enabled=true", "elastic.reserved_workers=1", f"elastic.preemptible_workers={preemptible}",
-        "elastic.preemptible_resource=", f"elastic.shard_envs={shard_envs}", "elastic.wait_for_joins=true",
+        "elastic.preemptible_resource=''", f"elastic.shard_envs={shard_envs}", "elastic.wait_for_joins=true",
         *extra])
 
 
@@ -88,8 +89,8 @@ def measure_throughput(cfg, spec, store_name, iterations: int) -> dict:
 
 
 def measure_preemption(cfg, spec, store_name) -> dict:
-    """Iteration 1 kills the first preemptible worker as soon as it has a shard; its replacement
-    joins while the iteration runs (no waiting for joins)."""
+    """Iteration 1 kills the first preemptible worker as soon as it has a shard (its shard is
+    re-run elsewhere); the replacement starts at once and serves its first shard in iteration 2."""
     from rlinf_embodied.elastic.pool import ElasticRolloutPool
 
     pool = ElasticRolloutPool(cfg, spec, store_name)
@@ -97,22 +98,26 @@ def measure_preemption(cfg, spec, store_name) -> dict:
         pool.start()
         pool.collect(0, 0)
         res = pool.collect(1, 0)
-        first = pool.first_request_latency()
-        joined = [m for m in pool.members if m.spawned_at > pool.members[0].ready_at]
+        t_wait = time.monotonic()
+        pool.wait_for_joins()  # the replacement (joins mid-iteration when rollouts are longer)
+        wait_s = time.monotonic() - t_wait
+        res2 = pool.collect(2, 0)
     finally:
         pool.shutdown()
     ev = res.record["events"]
     kill = next(e for e in ev if e["event"] == "preempt")
     lost = next(e for e in ev if e["event"] == "lost")
     redone = next(s for s in res.record["shards"] if s["shard"] == lost["shard"])
-    join = [e for e in ev if e["event"] == "join"]
+    join = [e for e in pool.events if e["event"] == "join" and e["t"] > kill["t"]][0]
+    first = min((s for s in res2.record["shards"] if s["worker"] == join["worker"]),
+                key=lambda s: s["t_done"])
     return {
         "recovery_s": redone["t_done"] - kill["t"],
         "detect_s": lost["t"] - kill["t"],
-        "join_ready_s": join[0]["start_s"] if join else None,
-        "join_first_request_s": (joined[0].first_done_at - joined[0].spawned_at)
-        if joined and joined[0].first_done_at else None,
-        "first_request_s_all_workers": first,
+        "join_ready_s": join["start_s"],
+        "join_first_request_s": join["start_s"] + first["seconds"],
+        "first_shard_s": first["seconds"],
+        "waited_for_join_s": wait_s,
     }
 
 
@@ -129,13 +134,12 @@ def main() -> None:
     try:
         base = job(0, shards, shard_envs, steps, sleep_s)
         spec = space_spec(base)
-        publish(base, spec, "bench-weights")
+        store = publish(base, spec, "bench-weights")  # noqa: F841 - the handle keeps it alive
         out = {}
         for p, key in ((0, "reserved_only"), (1, "plus_1_preemptible"), (2, "plus_2_preemptible")):
             out[key] = measure_throughput(job(p, shards, shard_envs, steps, sleep_s), spec,
                                           "bench-weights", iterations)
-        # longer shards so the replacement can join mid-iteration
-        pre = job(1, shards * 2, shard_envs, steps * 2, sleep_s, [
+        pre = job(1, shards, shard_envs, steps, sleep_s, [
             "elastic.wait_for_joins=false", "elastic.preemption.mode=schedule",
             "elastic.preemption.schedule=[{iteration: 1, dispatch: 0}]"])
         rec = measure_preemption(pre, spec, "bench-weights")

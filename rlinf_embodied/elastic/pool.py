@@ -128,6 +128,7 @@ class ElasticRolloutPool:
         self._restore_due = 0  # nodes to bring back (target: node); Ray starts them in the main thread
         self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="elastic-join")
         self._serial = itertools.count()
+        self._join_failures = 0  # consecutive; past elastic.max_attempts it is a bug, not bad luck
         self._driver_node = ray.get_runtime_context().get_node_id()
         self.events: List[dict] = []
         self._t0 = time.monotonic()
@@ -136,12 +137,15 @@ class ElasticRolloutPool:
     def start(self) -> None:
         """Start the configured workers and wait until the reserved ones (and every preemptible
         one that has a node) are up."""
-        self._await_joins()
+        self.wait_for_joins()
         if not any(m.kind == RESERVED for m in self.members):
-            raise RuntimeError("no reserved elastic worker started; see the worker logs under "
-                               "/tmp/ray/session_latest/logs.")
+            raise RuntimeError(f"no reserved elastic worker started within "
+                               f"elastic.join_timeout_s={self.e.join_timeout_s}; see the worker logs "
+                               f"under /tmp/ray/session_latest/logs.")
 
-    def _await_joins(self) -> None:
+    def wait_for_joins(self) -> None:
+        """Block until the workers being started (and nodes being restored) have joined, for
+        at most ``elastic.join_timeout_s``."""
         deadline = time.monotonic() + self.e.join_timeout_s
         self._spawn_wanted()
         self._restore_nodes()
@@ -188,9 +192,15 @@ class ElasticRolloutPool:
             try:
                 group = fut.result()
             except Exception as exc:  # noqa: BLE001 - its node died while it started: retry
-                self._event("join_failed", worker=name, error=type(exc).__name__)
+                error = f"{type(exc).__name__}: {exc}"
+                self._event("join_failed", worker=name, error=error[:2000])
+                self._join_failures += 1
+                if self._join_failures > self.e.max_attempts:
+                    raise RuntimeError(f"{self._join_failures} elastic workers in a row failed to "
+                                       f"start; the last one:\n{error}") from exc
                 self._wanted[kind] += 1
                 continue
+            self._join_failures = 0
             if node in self._dead_nodes:
                 group.shutdown()
                 self._wanted[kind] += 1
@@ -267,7 +277,7 @@ class ElasticRolloutPool:
         self._restore_due += self._deferred_nodes
         self._deferred_nodes = 0
         if self.e.wait_for_joins:
-            self._await_joins()
+            self.wait_for_joins()
         first_event = len(self.events)
         queue = collections.deque(range(self.num_shards))
         done: Dict[int, dict] = {}

@@ -45,7 +45,9 @@ class WeightStore:
 
 
 def weight_store(name: str, create: bool = False):
-    """The named :class:`WeightStore` of a run; ``create`` starts it on the driver's node."""
+    """The named :class:`WeightStore` of a run; ``create`` starts it on the driver's node.
+
+    The creator must keep the returned handle: the store lives as long as it does."""
     if not create:
         return ray.get_actor(name)
     here = ray.get_runtime_context().get_node_id()
