@@ -121,12 +121,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
-    from rlinf_embodied.workers.env_worker import (
-        ChannelNames,
-        EnvWorker,
-        actor_slices,
-        stream_assignment,
-    )
+    from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices, stream_assignment
     from rlinf_embodied.workers.rollout_worker import RolloutWorker
 
     cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
