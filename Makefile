@@ -3,6 +3,9 @@
 PY := .venv/bin/python
 CLI := $(PY) -m rlinf_embodied.cli
 export MUJOCO_GL ?= egl
+# Cached bytecode: without it every process (each Ray worker too) recompiles torch, ray, ... from
+# source, which on a loaded 2-core machine outlasts Ray's fixed raylet start-up wait.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-all doctor bench gpu-check lint clean
 
