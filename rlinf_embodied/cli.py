@@ -179,6 +179,8 @@ def train(
                 _fail(str(e), code=3)
         from rlinf_embodied.runners.embodied import EmbodiedRunner
 
+        if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
+            from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
         typer.echo(f"run directory: {run_dir}")
         runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
     except ConfigError as e:
