@@ -164,11 +164,16 @@ class EnvWorker(Worker):
                  reply: Optional[str] = None) -> str:
         """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key."""
         reply = reply or f"e{self.rank}s{stage}"
+        t0 = time.perf_counter()
         self.obs_ch.put(
             {"obs": obs, "seed": seed, "reply": reply, "mode": mode, "values_only": values_only},
             key=f"r{self.route[stage]}",
             weight=self.n_stream,
         )
+        hops = getattr(self, "_hops", None)
+        if hops is not None:
+            hops["put_s"] += time.perf_counter() - t0
+            hops["queries"] += 1
         return reply
 
     def _reset_all(self, envs, iteration: int, phase: int) -> List[dict]:
@@ -201,6 +206,7 @@ class EnvWorker(Worker):
         stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0,
                  "env_errors": 0}
         t_env = 0.0
+        self._hops = {"wait_s": 0.0, "put_s": 0.0, "queries": 0}
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
             obs = self._reset_all(self.envs, iteration, phase=0)
             bufs = [_Trajectory(T) for _ in self.envs]
@@ -211,7 +217,7 @@ class EnvWorker(Worker):
             ]
             for t in range(T):
                 for s, env in enumerate(self.envs):
-                    out = self.act_ch.get(key=replies[s])
+                    out = self._reply(replies[s])
                     t0 = time.perf_counter()
                     o, r, term, trunc, info = env.chunk_step(out["actions"])
                     t_env += time.perf_counter() - t0
@@ -233,7 +239,7 @@ class EnvWorker(Worker):
                     sd = request_seed(seed, iteration, self._stream_id(s), t + 1)
                     replies[s] = self._request(s, o, sd, "sample", values_only=last)
             for s in range(self.stages):
-                bufs[s].bootstrap = self.act_ch.get(key=replies[s])["values"]
+                bufs[s].bootstrap = self._reply(replies[s])["values"]
             group = torch.arange(self.rank * self.stages * self.n_stream,
                                  (self.rank + 1) * self.stages * self.n_stream)
             traj = cat_env_axis([b.to_dict() for b in bufs])
@@ -244,7 +250,15 @@ class EnvWorker(Worker):
                 part = _slice_envs(traj, lo, hi)
                 self.traj_ch.put(part, key=f"a{a}", weight=part["rewards"].numel())
         stats["env_time_s"] = t_env
+        stats.update(self._hops)
         return stats
+
+    def _reply(self, reply: str) -> dict:
+        """Wait for the reply ``reply`` (timed: ``wait_s`` of the hop breakdown)."""
+        t0 = time.perf_counter()
+        out = self.act_ch.get(key=reply)
+        self._hops["wait_s"] += time.perf_counter() - t0
+        return out
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -83,13 +84,22 @@ class RolloutWorker(Worker):
                 f"v{expected_version}; sync weights before the rollout."
             )
         served = 0
+        hops = {"wait_s": 0.0, "forward_s": 0.0, "put_s": 0.0}
         with self.device_lock(consumes=[self.channels.obs], share="rollout"):
             while served < num_requests:
+                t0 = time.perf_counter()
                 req = self.obs_ch.get(key=f"r{self.rank}")
-                self.act_ch.put(self._answer(req), key=req["reply"])
+                t1 = time.perf_counter()
+                answer = self._answer(req)
+                t2 = time.perf_counter()
+                self.act_ch.put(answer, key=req["reply"])
+                t3 = time.perf_counter()
+                hops["wait_s"] += t1 - t0
+                hops["forward_s"] += t2 - t1
+                hops["put_s"] += t3 - t2
                 served += 1
         self.requests += served
-        return {"requests": served, "version": self.version}
+        return {"requests": served, "version": self.version, **hops}
 
     @torch.no_grad()
     def profile_act(self, batch: int) -> float:
