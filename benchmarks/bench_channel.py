@@ -1,7 +1,9 @@
 """Channel throughput between two actors versus plain ray.put/ray.get between the same actors.
 
 Both paths move torch uint8 tensors from a producer actor to a consumer actor on one node, with
-at most WINDOW items in flight (the channel's maxsize, or the producer's outstanding calls).
+at most WINDOW items in flight (the channel's maxsize, or the producer's outstanding calls). The
+channel runs its workflow data path: the consumer binds its key, so items go straight to it
+(Unix socket, shared memory for large buffers; rlinf_embodied/runtime/transport.py).
 Prints one JSON line last:
 
     channel_vs_ray_ratio_1mib, channel_vs_ray_ratio_16mib   throughput ratios (target >= 1.0)
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import ray
 
-from rlinf_embodied.runtime import Channel, Cluster, flush_puts, release_prefetched
+from rlinf_embodied.runtime import Channel, Cluster, flush_puts
 
 WINDOW = 4
 REPEATS = 3
@@ -43,8 +45,11 @@ class Producer:
     def via_channel(self, channel, nbytes, n):
         item = self.payload(nbytes)
         for _ in range(n):
-            channel.put(item)
+            channel.put(item, key="data")
         flush_puts()  # as a Worker method would on return
+
+    def bind(self, channel, key):
+        channel.bind(key)
 
     def ping(self, channel, nbytes, n):
         """n round trips: put on key "ping", wait for the echo on "pong". Per trip, seconds:
@@ -77,10 +82,11 @@ class Consumer:
         import torch  # noqa: F401  (same import cost as the producer)
 
     def via_channel(self, channel, n):
-        channel = channel.with_prefetch()  # a consumer loop: hide the queue round trip
         for _ in range(n):
-            self._touch(channel.get())
-        release_prefetched()
+            self._touch(channel.get(key="data"))
+
+    def bind(self, channel, key):
+        channel.bind(key)
 
     def echo(self, channel, n):
         """Return n items from key "ping" on key "pong"; per trip (seconds in get, in put)."""
@@ -109,8 +115,10 @@ def _timed(*refs) -> float:
 
 
 def channel_rate(producer, consumer, nbytes: int, n: int, tag: str) -> float:
-    """Items/s from producer to consumer through a Channel (maxsize WINDOW)."""
+    """Items/s from producer to consumer through a Channel (maxsize WINDOW), on the key the
+    consumer bound (the workflow's data path)."""
     channel = Channel.create(f"bench-{tag}", maxsize=WINDOW)
+    ray.get(consumer.bind.remote(channel, "data"))
     seconds = _timed(
         producer.via_channel.remote(channel, nbytes, n), consumer.via_channel.remote(channel, n)
     )
@@ -122,6 +130,7 @@ def round_trip(producer, consumer, nbytes: int, n: int, tag: str) -> dict:
     """Ping-pong between the two actors through one channel: p50/p90 round trip and the per-hop
     breakdown (medians, ms): producer put, producer wait for the echo, consumer put."""
     channel = Channel.create(f"bench-rt-{tag}")
+    ray.get([consumer.bind.remote(channel, "ping"), producer.bind.remote(channel, "pong")])
     trips, echoes = ray.get([producer.ping.remote(channel, nbytes, n), consumer.echo.remote(channel, n)])
     channel.delete()
     trips, echoes = trips[n // 10:], echoes[n // 10:]  # drop the warm-up

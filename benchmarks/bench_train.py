@@ -140,9 +140,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]
 
 def _serve(g, version):
     """The rollout group's ``serve`` call of one training rollout, as the runner makes it."""
-    from rlinf_embodied.runtime import PerRank
-
-    return g.rollout.serve(PerRank(g.requests_per_rank), version)
+    return g.rollout.serve(version)
 
 
 def single_process_rollout_steps_per_s(cfg, iterations: int) -> float:
