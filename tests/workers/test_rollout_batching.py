@@ -2,7 +2,7 @@
 
 import torch
 
-from rlinf_embodied.config import MLPPolicyConfig
+from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 from rlinf_embodied.policies import build_policy
 from rlinf_embodied.policies.base import SpaceSpec
 from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
