@@ -239,6 +239,7 @@ def main() -> None:
     pipe = load_config(MAIN, common + ["env.num_processes=0", "env.num_envs=16",
                                        f"policy.hidden_sizes=[{width},{width},{width}]", "trainer.rollout_steps=25",
                                        "placement=disaggregated", "cluster.num_cpu_devices=3",
+                                       "cluster.num_cpus=1",  # one torch thread per worker, as calibrated
                                        "trainer.update_epochs=1", "trainer.num_minibatches=1"])
     p1, hops1 = rollout_steps_per_s(pipe, 1, iters // 2)
     p2, hops2 = rollout_steps_per_s(pipe, 2, iters // 2)

@@ -97,18 +97,20 @@ def choose(producer_node: str, consumer: Address, force: str | None = None) -> s
 # ---- serialisation ---------------------------------------------------------------------------
 
 
-def _rebuild_tensor(buf, dtype, shape):
-    import numpy as np
+def _rebuild_tensor(array, dtype, shape):
+    """A tensor over ``array``'s memory (numpy array of the raw bytes or values, no copy)."""
     import torch
 
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    if not raw.size:
+    if dtype is None:
+        return torch.from_numpy(array)
+    if not array.size:
         return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(raw).view(dtype).reshape(shape)
+    return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
 class _Pickler(pickle.Pickler):
-    """Protocol 5; dense CPU tensors go out of band as raw bytes (torch pickles them in band)."""
+    """Protocol 5; dense CPU tensors go out of band as numpy arrays over their memory (torch
+    pickles them in band, a copy and a slow path)."""
 
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
@@ -117,8 +119,23 @@ class _Pickler(pickle.Pickler):
         if (obj.device.type != "cpu" or obj.layout != torch.strided or obj.requires_grad
                 or obj.is_quantized or obj.is_conj() or obj.is_neg()):
             return NotImplemented
-        raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return _rebuild_tensor, (pickle.PickleBuffer(raw), obj.dtype, tuple(obj.shape))
+        if not obj.is_contiguous():
+            obj = obj.contiguous()
+        if obj.dtype in _NUMPY_DTYPES(torch):  # numpy pickles the array out of band itself
+            return _rebuild_tensor, (obj.numpy(), None, None)
+        raw = obj.reshape(-1).view(torch.uint8).numpy()
+        return _rebuild_tensor, (raw, obj.dtype, tuple(obj.shape))
+
+
+_numpy_dtypes: list = []
+
+
+def _NUMPY_DTYPES(torch) -> frozenset:  # noqa: N802 - a lazily built constant
+    if not _numpy_dtypes:
+        _numpy_dtypes.append(frozenset({
+            torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}))
+    return _numpy_dtypes[0]
 
 
 def encode(item: Any) -> tuple[bytes, list[memoryview]]:
@@ -258,6 +275,7 @@ class Endpoint:
         self._inbox: dict[tuple[str, Hashable], collections.deque] = collections.defaultdict(collections.deque)
         self._held: dict[str, int] = collections.defaultdict(int)  # items per channel instance
         self._maxsize: dict[str, int] = {}
+        self._errors: dict[str, str] = {}  # instance -> why a reader gave up on its stream
         for listener in (self._unix, self._tcp):
             threading.Thread(target=self._accept, args=(listener,), daemon=True,
                              name="rlinf-channel-accept").start()
@@ -279,8 +297,9 @@ class Endpoint:
         """(True, item) in arrival order, or (False, None) after ``timeout`` seconds."""
         slot = (instance, key)
         with self._cond:
-            if not self._cond.wait_for(lambda: self._inbox[slot], timeout):
+            if not self._cond.wait_for(lambda: self._inbox[slot] or instance in self._errors, timeout):
                 return False, None
+            self._raise_failed(instance)
             item = self._inbox[slot].popleft()
             self._held[instance] -= 1
             self._cond.notify_all()
@@ -292,13 +311,18 @@ class Endpoint:
         up to ``timeout`` seconds; [] if none came."""
         slot = (instance, key)
         with self._cond:
-            if not self._cond.wait_for(lambda: self._inbox[slot], timeout):
+            if not self._cond.wait_for(lambda: self._inbox[slot] or instance in self._errors, timeout):
                 return []
+            self._raise_failed(instance)
             box = self._inbox[slot]
             items = [box.popleft() for _ in range(min(limit, len(box)))]
             self._held[instance] -= len(items)
             self._cond.notify_all()
             return items
+
+    def _raise_failed(self, instance: str) -> None:
+        if instance in self._errors:
+            raise RuntimeError(self._errors[instance])
 
     def held(self, instance: str) -> int:
         """Items of a channel instance waiting in this process."""
@@ -316,14 +340,23 @@ class Endpoint:
                              name="rlinf-channel-reader").start()
 
     def _read(self, conn: socket.socket) -> None:
+        channel, instance = "?", None
         try:
             (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-            _, instance = pickle.loads(_recv_exact(conn, n))
+            channel, instance = pickle.loads(_recv_exact(conn, n))
             while True:
                 key, item = self._read_message(conn)
                 self.deliver(instance, key, item)
         except (ConnectionError, EOFError, OSError):
             pass  # the producer closed the connection or exited
+        except Exception as err:  # noqa: BLE001 - an undecodable item: fail the consumer's gets
+            if instance is not None:
+                with self._cond:
+                    self._errors[instance] = (
+                        f"Channel {channel!r}: an item from another process could not be decoded "
+                        f"({type(err).__name__}: {err}); items of its classes must be importable "
+                        f"in the consumer.")
+                    self._cond.notify_all()
         finally:
             conn.close()
 
