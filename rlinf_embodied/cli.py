@@ -163,6 +163,8 @@ def train(
         validate_job(cfg)
         from rlinf_embodied.runners.embodied import EmbodiedRunner
 
+        if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
+            from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
         typer.echo(f"run directory: {run_dir}")
         runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
     except ConfigError as e:
