@@ -1,11 +1,16 @@
 """Channel throughput between two actors versus plain ray.put/ray.get between the same actors.
 
 Both paths move torch uint8 tensors from a producer actor to a consumer actor on one node, with
-at most WINDOW items in flight (the channel's maxsize, or the producer's outstanding calls).
+at most WINDOW items in flight (the channel's maxsize, or the producer's outstanding calls). The
+channel runs its workflow data path: the consumer binds its key, so items go straight to it
+(Unix socket, shared memory for large buffers; rlinf_embodied/runtime/transport.py).
 Prints one JSON line last:
 
-    channel_vs_ray_ratio_1mib, channel_vs_ray_ratio_16mib   throughput ratios (target >= 0.8)
+    channel_vs_ray_ratio_1mib, channel_vs_ray_ratio_16mib   throughput ratios (target >= 1.0)
     small_items_per_s                                       small dict items through a channel
+    round_trip_64b / _4kib / _64kib                         ping-pong between the two actors:
+        p50/p90 round trip and per-hop medians (producer put, wait for the echo, echo put), ms
+    small_round_trip_p50_ms                                 the worst p50 of those (target <= 0.5)
 
 Usage: python benchmarks/bench_channel.py [--quick]
 """
@@ -14,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+from pathlib import Path
 
 import ray
 
-from rlinf_embodied.runtime import Channel, Cluster, flush_puts, release_prefetched
+from rlinf_embodied.runtime import Channel, Cluster, flush_puts
 
 WINDOW = 4
 REPEATS = 3
@@ -38,8 +45,26 @@ class Producer:
     def via_channel(self, channel, nbytes, n):
         item = self.payload(nbytes)
         for _ in range(n):
-            channel.put(item)
+            channel.put(item, key="data")
         flush_puts()  # as a Worker method would on return
+
+    def bind(self, channel, key):
+        channel.bind(key)
+
+    def ping(self, channel, nbytes, n):
+        """n round trips: put on key "ping", wait for the echo on "pong". Per trip, seconds:
+        (total, in put, waiting for the echo)."""
+        item = self.payload(nbytes)
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            channel.put(item, key="ping")
+            t1 = time.perf_counter()
+            channel.get(key="pong")
+            t2 = time.perf_counter()
+            out.append((t2 - t0, t1 - t0, t2 - t1))
+        flush_puts()
+        return out
 
     def via_ray(self, consumer, nbytes, n):
         item = self.payload(nbytes)
@@ -57,10 +82,23 @@ class Consumer:
         import torch  # noqa: F401  (same import cost as the producer)
 
     def via_channel(self, channel, n):
-        channel = channel.with_prefetch()  # a consumer loop: hide the queue round trip
         for _ in range(n):
-            self._touch(channel.get())
-        release_prefetched()
+            self._touch(channel.get(key="data"))
+
+    def bind(self, channel, key):
+        channel.bind(key)
+
+    def echo(self, channel, n):
+        """Return n items from key "ping" on key "pong"; per trip (seconds in get, in put)."""
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            item = channel.get(key="ping")
+            t1 = time.perf_counter()
+            channel.put(item, key="pong")
+            out.append((t1 - t0, time.perf_counter() - t1))
+        flush_puts()
+        return out
 
     def take(self, refs):
         self._touch(ray.get(refs[0]))
@@ -77,13 +115,33 @@ def _timed(*refs) -> float:
 
 
 def channel_rate(producer, consumer, nbytes: int, n: int, tag: str) -> float:
-    """Items/s from producer to consumer through a Channel (maxsize WINDOW)."""
+    """Items/s from producer to consumer through a Channel (maxsize WINDOW), on the key the
+    consumer bound (the workflow's data path)."""
     channel = Channel.create(f"bench-{tag}", maxsize=WINDOW)
+    ray.get(consumer.bind.remote(channel, "data"))
     seconds = _timed(
         producer.via_channel.remote(channel, nbytes, n), consumer.via_channel.remote(channel, n)
     )
     channel.delete()
     return n / seconds
+
+
+def round_trip(producer, consumer, nbytes: int, n: int, tag: str) -> dict:
+    """Ping-pong between the two actors through one channel: p50/p90 round trip and the per-hop
+    breakdown (medians, ms): producer put, producer wait for the echo, consumer put."""
+    channel = Channel.create(f"bench-rt-{tag}")
+    ray.get([consumer.bind.remote(channel, "ping"), producer.bind.remote(channel, "pong")])
+    trips, echoes = ray.get([producer.ping.remote(channel, nbytes, n), consumer.echo.remote(channel, n)])
+    channel.delete()
+    trips, echoes = trips[n // 10:], echoes[n // 10:]  # drop the warm-up
+    ms = lambda xs, q=0.5: round(1000 * statistics.quantiles(xs, n=100)[int(q * 100) - 1], 3)  # noqa: E731
+    return {
+        "p50_ms": ms([t[0] for t in trips]),
+        "p90_ms": ms([t[0] for t in trips], 0.9),
+        "put_ms": ms([t[1] for t in trips]),
+        "wait_echo_ms": ms([t[2] for t in trips]),
+        "echo_put_ms": ms([e[1] for e in echoes]),
+    }
 
 
 def ray_rate(producer, consumer, nbytes: int, n: int) -> float:
@@ -113,6 +171,11 @@ def main() -> None:
         result[f"channel_vs_ray_ratio_{label}"] = round(max(chan) / max(plain), 3)
     small_n = max(200, int(3000 * scale))
     result["small_items_per_s"] = round(channel_rate(producer, consumer, 0, small_n, "small"), 1)
+    trips = max(100, int(1000 * scale))
+    for label, nbytes in (("64b", 0), ("4kib", 4096), ("64kib", 64 * 1024)):
+        result[f"round_trip_{label}"] = round_trip(producer, consumer, nbytes, trips, label)
+    result["small_round_trip_p50_ms"] = max(result[f"round_trip_{x}"]["p50_ms"] for x in ("64b", "4kib", "64kib"))
+    result["loadavg"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     cluster.shutdown()
     print(json.dumps(result))
 

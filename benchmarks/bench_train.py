@@ -8,6 +8,13 @@ Prints one JSON line last:
 * ``pipeline2_vs_1``: rollout throughput with ``trainer.pipeline_stages=2`` over 1, envs
   in-process in the env worker (one core) and a policy whose inference time is close to the
   env step time on the rollout worker (the other core). Target >= 1.6 (limit 2.0).
+* ``pipelined_vs_single_process``: the same calibrated setting, the framework with 2 stages
+  over a naive single-process rollout loop that steps the same envs in-process and runs the
+  same policy in turn. Target >= 1.5 (limit 2.0).
+* ``query_overhead_ms``: time per policy query beyond the policy's forward (1 stage, steady
+  state): env put + env wait for the reply - rollout forward. Target <= 0.5.
+* ``hops_stage1`` / ``hops_stage2``: per-query breakdown in ms (env put, env wait, rollout wait,
+  rollout forward, rollout put).
 * ``context_switch_ms``: per-iteration device-lock acquire + onload + offload + release overhead
   in collocated mode (the max over groups; on CPU onload/offload move nothing).
 
@@ -94,26 +101,79 @@ def single_process_steps_per_s(cfg) -> float:
     return steps / (time.perf_counter() - t_start)
 
 
-def rollout_steps_per_s(cfg, stages: int, iterations: int) -> float:
-    """Env steps/s of rollouts only (no training) with ``stages`` pipeline stages."""
+def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]:
+    """Env steps/s of the rollout phase (the actor drains trajectories untimed) with ``stages``
+    pipeline stages, and the per-hop breakdown of the timed iterations (ms per policy query):
+    env put, env wait for the reply, rollout wait for a request, rollout forward, rollout put."""
     from rlinf_embodied.runners.setup import launch_groups
-    from rlinf_embodied.runtime import PerRank, wait_all
+    from rlinf_embodied.runtime import wait_all
 
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
     with tempfile.TemporaryDirectory() as d:
         g = launch_groups(cfg, Path(d), f"bench-pipe{stages}-{os.getpid()}", None)
         try:
             g.sync.push(0)
-            steps, t0 = 0, None
+            steps, secs = 0, 0.0
+            hops = dict.fromkeys(("env_put", "env_wait", "rollout_wait", "rollout_forward", "rollout_put"), 0.0)
+            queries = 0
             for it in range(iterations + 1):
-                if it == 1:
-                    t0, steps = time.perf_counter(), 0
-                out = wait_all(g.env.rollout(it), g.rollout.serve(PerRank(g.requests_per_rank), 0))[0]
-                steps += sum(s["env_steps"] for s in out)
+                t0 = time.perf_counter()
+                env_out, srv_out = wait_all(g.env.rollout(it), _serve(g, 0))
+                if it >= 1:  # the first iteration warms up
+                    secs += time.perf_counter() - t0
+                    steps += sum(s["env_steps"] for s in env_out)
+                    queries += sum(s["queries"] for s in env_out)
+                    for s in env_out:
+                        hops["env_put"] += s["put_s"]
+                        hops["env_wait"] += s["wait_s"]
+                    for s in srv_out:
+                        hops["rollout_wait"] += s["wait_s"]
+                        hops["rollout_forward"] += s["forward_s"]
+                        hops["rollout_put"] += s["put_s"]
                 g.actor.on(list(range(g.actor.world_size))).train(it).wait()  # drain trajectories
-            return steps / (time.perf_counter() - t0)
+            breakdown = {f"{k}_ms": round(1000 * v / max(1, queries), 3) for k, v in hops.items()}
+            breakdown["queries"] = queries
+            return steps / secs, breakdown
         finally:
             g.shutdown()
+
+
+def _serve(g, version):
+    """The rollout group's ``serve`` call of one training rollout, as the runner makes it."""
+    return g.rollout.serve(version)
+
+
+def single_process_rollout_steps_per_s(cfg, iterations: int) -> float:
+    """Env steps/s of a naive rollout loop: one process steps the same envs in-process and runs
+    the same policy in turn (act on all envs, step all envs), ``rollout_steps`` queries."""
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.policies import build_policy
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    torch.set_num_threads(1)
+    env = make_env(cfg.env)
+    obs, _ = env.reset(seed=0)
+    a = env.action_spec
+    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
+                     state_dim=int(obs["states"].shape[-1]))
+    torch.manual_seed(cfg.run.seed)
+    policy = build_policy(cfg.policy, spec).eval()
+    steps, secs = 0, 0.0
+    with torch.no_grad():
+        for it in range(iterations + 1):
+            t0 = time.perf_counter()
+            obs, _ = env.reset(seed=1000 * it)
+            n = 0
+            for _ in range(cfg.trainer.rollout_steps):
+                out = policy.act(obs)
+                obs, r, term, trunc, info = env.chunk_step(out.actions)
+                n += int(info["num_substeps"].sum())
+            policy.predict_values(obs)
+            if it >= 1:
+                secs += time.perf_counter() - t0
+                steps += n
+    env.close()
+    return steps / secs
 
 
 def calibrate_width(cfg, n: int) -> int:
@@ -151,6 +211,14 @@ def calibrate_width(cfg, n: int) -> int:
     return best
 
 
+def _loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (the machine may be shared)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations (about 3 minutes)")
@@ -171,11 +239,18 @@ def main() -> None:
     pipe = load_config(MAIN, common + ["env.num_processes=0", "env.num_envs=16",
                                        f"policy.hidden_sizes=[{width},{width},{width}]", "trainer.rollout_steps=25",
                                        "placement=disaggregated", "cluster.num_cpu_devices=3",
+                                       "cluster.num_cpus=1",  # one torch thread per worker, as calibrated
                                        "trainer.update_epochs=1", "trainer.num_minibatches=1"])
-    p1 = rollout_steps_per_s(pipe, 1, iters // 2)
-    p2 = rollout_steps_per_s(pipe, 2, iters // 2)
+    p1, hops1 = rollout_steps_per_s(pipe, 1, iters // 2)
+    p2, hops2 = rollout_steps_per_s(pipe, 2, iters // 2)
+    naive = single_process_rollout_steps_per_s(pipe, iters // 2)
     result.update(rollout1_steps_per_s=round(p1, 1), rollout2_steps_per_s=round(p2, 1),
-                  pipeline2_vs_1=round(p2 / p1, 3))
+                  pipeline2_vs_1=round(p2 / p1, 3), naive_rollout_steps_per_s=round(naive, 1),
+                  pipelined_vs_single_process=round(p2 / naive, 3),
+                  # one stage: the env waits for every reply, so its wait beyond the forward is
+                  # what a query costs the framework (transport, wake-ups, serialisation)
+                  query_overhead_ms=round(hops1["env_put_ms"] + hops1["env_wait_ms"] - hops1["rollout_forward_ms"], 3),
+                  hops_stage1=hops1, hops_stage2=hops2, loadavg=_loadavg())
     print(json.dumps(result))
 
 

@@ -17,7 +17,7 @@ from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir, latest_
 from rlinf_embodied.config import JobConfig, as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger, plot_curves
 from rlinf_embodied.runners.setup import launch_groups
-from rlinf_embodied.runtime import PerRank, wait_all
+from rlinf_embodied.runtime import wait_all
 
 __all__ = ["EmbodiedRunner"]
 
@@ -115,7 +115,7 @@ class EmbodiedRunner:
         """
         g = self.g
         t0 = time.perf_counter()
-        serve = g.rollout.serve(PerRank(g.requests_per_rank), it)
+        serve = g.rollout.serve(it)
         env = g.env.rollout(it)
         env_stats, _ = wait_all(env, serve)
         m["time/rollout_s"] = time.perf_counter() - t0
@@ -131,7 +131,7 @@ class EmbodiedRunner:
         g, e = self.g, self.cfg.eval
         g.sync.push(iteration)  # the weights just trained (the next iteration reuses them)
         res = g.env.evaluate(iteration, e.num_episodes, videos)
-        srv = g.rollout.serve(PerRank(g.eval_requests_per_rank))
+        srv = g.rollout.serve()
         out, _ = wait_all(res, srv)
         n = sum(r["episodes"] for r in out)
         metrics = {f"eval/{k}": sum(r[k] for r in out) / n for k in ("success_once", "success_at_end", "episode_return")}

@@ -88,7 +88,7 @@ def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> 
 
 @dataclasses.dataclass
 class Groups:
-    """The live worker groups of a run and the counts the runner needs."""
+    """The live worker groups of a run."""
 
     cfg: JobConfig
     """The config the groups run (``placement=auto`` may have changed the granularity)."""
@@ -97,8 +97,6 @@ class Groups:
     rollout: object
     actor: object
     sync: object
-    requests_per_rank: list
-    eval_requests_per_rank: list
     plan: object
 
     def shutdown(self, keep_cluster: bool = False) -> None:
@@ -121,7 +119,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
-    from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices, stream_assignment
+    from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices
     from rlinf_embodied.workers.rollout_worker import RolloutWorker
 
     cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
@@ -141,7 +139,8 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     env = WorkerGroup.from_plan(cluster, plan, "env", EnvWorker, init_args=(
         cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
     spec = env.on([0]).space_spec().wait()[0]
-    rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker, init_args=(cfg, spec, names))
+    rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker,
+                                    init_args=(cfg, spec, names, ranks["env"]))
     per_env_rank = cfg.env.num_envs // ranks["env"]
     streams = [0] * ranks["actor"]
     for r in range(ranks["env"]):
@@ -153,14 +152,8 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
         actor.on([a]).set_num_streams(streams[a]).wait()
     actor.init_process_group()
     actor.setup(str(checkpoint) if checkpoint else None).wait()
-    assign = stream_assignment(ranks["env"], cfg.trainer.pipeline_stages, ranks["rollout"])
-    T = cfg.trainer.rollout_steps
-    requests = [len(assign[k]) * (T + 1) for k in range(ranks["rollout"])]
-    eval_queries = _eval_queries(cfg, env)
-    eval_req = [sum(eval_queries for (r, s) in assign[k] if s == 0) for k in range(ranks["rollout"])]
     lora = bool(getattr(cfg.policy, "lora_rank", 0))
-    return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora),
-                  requests, eval_req, plan)
+    return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora), plan)
 
 
 PROFILING_PLACEMENT = {"context_switch": True, "groups": {
@@ -183,9 +176,3 @@ def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
     stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
     return PlacementPlan.from_dict(placement), cfg
-
-
-def _eval_queries(cfg: JobConfig, env_group) -> int:
-    steps = env_group.on([0]).max_episode_steps().wait()[0] or cfg.trainer.rollout_steps
-    k = max(1, cfg.policy.action_chunk)
-    return -(-steps // k)

@@ -1,7 +1,14 @@
 """Channel: a named, keyed, weight-balanced producer/consumer queue (paper section 3.5).
 
-A channel decouples control flow from data flow. Its central queue actor holds only small
-entries: items larger than ``inline_bytes`` are ``ray.put`` by the producer and only their
+A channel decouples control flow from data flow, and its transport follows placement. A consumer
+that *binds* a key (:meth:`Channel.bind`, before the first put) receives that key's items
+directly: handed over in its own process, through a Unix socket and shared memory from another
+process of its node, through TCP from another node (:mod:`rlinf_embodied.runtime.transport`);
+the queue actor only records where the key goes. This is the data path of the training
+workflow (every key there has one known consumer).
+
+Unbound keys and unkeyed (balanced) items go through the central queue actor, which holds only
+small entries: items larger than ``inline_bytes`` are ``ray.put`` by the producer and only their
 ObjectRef goes through the queue, so the payload travels once, from the producer's object store
 to the consumer. Smaller items ride inline (one extra copy through the queue costs less than an
 object-store round trip).
@@ -31,6 +38,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.runtime import device as dev
+from rlinf_embodied.runtime import transport
 
 INLINE_BYTES = 64 * 1024
 """Items whose tensors/arrays total at most this many bytes are sent inline through the queue
@@ -150,6 +158,8 @@ class _ChannelQueue:
         self._abandoned: dict[str, set[int]] = collections.defaultdict(set)
         self._requests: dict[str, asyncio.Task] = {}  # read-ahead gets, cancellable by id
         self._cancelled: set[str] = set()  # cancels that arrived before their get
+        self._routes: dict[Hashable, Any] = {}  # bound key -> transport.Address of its consumer
+        self._queued_keys: set[Hashable] = set()  # keys producers were told to queue here
 
     def config(self) -> dict:
         return self._config
@@ -159,6 +169,21 @@ class _ChannelQueue:
 
     def loads(self) -> dict[str, float]:
         return dict(self._load)
+
+    def bind(self, key: Hashable, address) -> str | None:
+        """Route ``key`` to the consumer at ``address``; an error message if it is too late."""
+        if key in self._queued_keys or self._keyed.get(key):
+            return (f"Channel {self._config['name']!r}: key {key!r} already carries items through "
+                    f"the queue; bind it before the first put (e.g. in the consumer's __init__).")
+        self._routes[key] = address
+        return None
+
+    def route(self, key: Hashable):
+        """Where items of ``key`` go: its consumer's address, or None (through this queue)."""
+        address = self._routes.get(key)
+        if address is None:
+            self._queued_keys.add(key)
+        return address
 
     async def register(self, consumer: str) -> None:
         async with self._cond:
@@ -386,9 +411,11 @@ class Channel:
     ) -> None:
         """Enqueue ``item``; blocks while the channel is full.
 
-        Without a timeout the put is pipelined: it returns once the item is on its way, with
-        at most ``PUT_PIPELINE`` puts of this process unacknowledged (see :func:`flush_puts`).
-        Items from one process keep their order.
+        A key bound by its consumer (:meth:`bind`) goes straight to that process (see
+        :mod:`rlinf_embodied.runtime.transport`); the put returns once the item is on its way.
+        Other items go through the queue actor; without a timeout that put is pipelined, with at
+        most ``PUT_PIPELINE`` puts of this process unacknowledged (see :func:`flush_puts`).
+        Items from one process keep their order per key.
 
         Args:
             item: Any picklable structure; tensors may be on CPU or an accelerator.
@@ -399,7 +426,14 @@ class Channel:
 
         Raises:
             ChannelTimeout: If no room was free within ``timeout``.
+            RuntimeError: If the process bound to ``key`` is gone (the message names the
+                channel and the key).
         """
+        address = self._route(key)
+        if address is not None:
+            if not self._put_direct(item, key, address, timeout):
+                raise self._full_error(timeout)
+            return
         ref = self.put_async(item, key, weight, timeout)
         if timeout is None:
             _in_flight.append((self.name, ref))
@@ -407,31 +441,92 @@ class Channel:
                 _await_ack(*_in_flight.popleft())
             return
         if not ray.get(ref):
-            raise ChannelTimeout(
-                f"Channel {self.name!r} stayed full ({self.maxsize} items) for {timeout} s; "
-                f"consume faster, raise maxsize or the timeout."
-            )
+            raise self._full_error(timeout)
+
+    def _full_error(self, timeout: float | None) -> ChannelTimeout:
+        return ChannelTimeout(
+            f"Channel {self.name!r} stayed full ({self.maxsize} items) for {timeout} s; "
+            f"consume faster, raise maxsize or the timeout."
+        )
 
     def put_async(
         self, item: Any, key: Hashable | None = None, weight: float = 1.0, timeout: float | None = None
     ) -> ray.ObjectRef:
-        """Non-blocking :meth:`put`; the payload is already in the object store on return.
+        """Non-blocking :meth:`put`; the payload is already on its way on return (a bound key's
+        item has been handed to its transport).
 
         Returns:
             An ObjectRef (awaitable, usable with ``ray.wait``) of a bool: True once enqueued,
             False if ``timeout`` expired first.
         """
+        address = self._route(key)
+        if address is not None:
+            return ray.put(self._put_direct(item, key, address, timeout))
         _recent_puts.add(self.name)
         seq = next(_put_seq[self._instance])
         return self._actor.put.remote(self._pack(item, weight), key, _producer_id(), seq, timeout)
 
-    def _pack(self, item: Any, weight: float) -> _Entry:
+    def _route(self, key: Hashable | None):
+        """The bound consumer's address of ``key`` (looked up once per process), or None."""
+        if key is None:
+            return None
+        slot = (self._instance, key)
+        if slot not in _routes:
+            _routes[slot] = ray.get(self._actor.route.remote(key))
+        return _routes[slot]
+
+    def _put_direct(self, item: Any, key: Hashable, address, timeout: float | None) -> bool:
+        _recent_puts.add(self.name)
+        for attempt in range(2):
+            kind = transport.choose(_node_id(), address, transport_override[0])
+            payload = self._stage(item) if kind != transport.LOCAL or self.device == "cpu" else item
+            try:
+                return transport.sender.send(self.name, self._instance, address, kind, key, payload, timeout)
+            except transport.ConsumerGone as err:
+                fresh = ray.get(self._actor.route.remote(key))  # a restarted consumer re-binds
+                if attempt or fresh is None or fresh == address:
+                    raise RuntimeError(
+                        f"Channel {self.name!r}: the consumer bound to key {key!r} (process "
+                        f"{address.pid}) cannot be reached ({err}); the item is lost. Restart the "
+                        f"consumer (it binds the key again) or delete the channel."
+                    ) from err
+                _routes[(self._instance, key)] = address = fresh
+        return False  # not reached
+
+    def _stage(self, item: Any) -> Any:
+        """Accelerator tensors to host (restored on the consumer's device unless device='cpu')."""
         if dev.has_accelerator_tensors(item):
             item = dev.to_host(item)
             item = item if self.device == "cpu" else _HostStaged(item)
+        return item
+
+    def _pack(self, item: Any, weight: float) -> _Entry:
+        item = self._stage(item)
         if dev.payload_nbytes(item, unknown=self._inline_bytes + 1) <= self._inline_bytes:
             return _Entry(True, item, weight)
         return _Entry(False, [ray.put(item)], weight)
+
+    def bind(self, key: Hashable) -> None:
+        """Receive the items of ``key`` in this process, directly from their producers.
+
+        Call it in the consumer before anyone puts to ``key`` (e.g. in a worker's
+        ``__init__``); producers then skip the queue actor and the object store (the transport
+        follows placement, see :mod:`rlinf_embodied.runtime.transport`). A restarted consumer
+        may bind the key again. Items wait in this process until :meth:`get`; with a maxsize,
+        at most maxsize items of this channel wait here and producers block beyond that.
+
+        Raises:
+            ValueError: If ``key`` is None (unkeyed items are dealt by the queue) or items of it
+                already went through the queue.
+        """
+        if key is None:
+            raise ValueError(f"Channel {self.name!r}: bind a key; unkeyed items are dealt by the queue.")
+        ep = transport.endpoint()
+        ep.expect(self._instance, self.maxsize)
+        error = ray.get(self._actor.bind.remote(key, ep.address))
+        if error:
+            raise ValueError(error)
+        _bound.add((self._instance, key))
 
     # ---- consumer side ---------------------------------------------------------------------
 
@@ -448,6 +543,8 @@ class Channel:
         Raises:
             ChannelTimeout: If no item arrived within ``timeout``.
         """
+        if (self._instance, key) in _bound:
+            return self._take_bound(key, timeout)
         slot, pending = self._slot(key, consumer)
         if pending is None:
             entry = ray.get(self._actor.get.remote(key, slot[2], timeout))  # queue-side timeout
@@ -463,6 +560,8 @@ class Channel:
         self, key: Hashable | None = None, timeout: float | None = None, consumer: str | None = None
     ) -> Any:
         """Awaitable :meth:`get` for async actors and asyncio code."""
+        if (self._instance, key) in _bound:
+            return await asyncio.to_thread(self._take_bound, key, timeout)
         slot, pending = self._slot(key, consumer)
         if pending is None:
             entry = await self._actor.get.remote(key, slot[2], timeout)
@@ -473,6 +572,27 @@ class Channel:
                 entry = self._keep_read_ahead(slot, pending)
         self._accept(slot, entry, timeout)
         return self._restore(entry.data if entry.inline else await entry.data[0])
+
+    def get_batch(self, key: Hashable, max_items: int = 1 << 30, timeout: float | None = None) -> list:
+        """Wait for the next item of ``key``, then return it with every further item of that key
+        that has already arrived (at most ``max_items``), oldest first: requests that arrive
+        together can be answered together. Through the queue (an unbound key) it returns one.
+
+        Raises:
+            ChannelTimeout: If no item arrived within ``timeout``.
+        """
+        if (self._instance, key) not in _bound:
+            return [self.get(key=key, timeout=timeout)]
+        items = transport.endpoint().take_many(self._instance, key, max_items, timeout)
+        if not items:
+            raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
+        return [self._restore(item) for item in items]
+
+    def _take_bound(self, key: Hashable, timeout: float | None) -> Any:
+        ok, item = transport.endpoint().take(self._instance, key, timeout)
+        if not ok:
+            raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
+        return self._restore(item)
 
     def _slot(self, key, consumer) -> tuple[tuple, _ReadAhead | None]:
         """The (channel, key, consumer) slot of a get and its outstanding read-ahead, if any."""
@@ -508,15 +628,18 @@ class Channel:
     def delete(self) -> None:
         """Destroy the channel (its queue actor and queued items); handles stop working."""
         _created.pop(self.name, None)
+        transport.sender.forget(self._instance)
         ray.kill(self._actor, no_restart=True)
 
     # ---- introspection ---------------------------------------------------------------------
 
     def qsize(self) -> int:
-        """Items currently held (keyed, unassigned and assigned-but-not-taken), counting every
-        put this process has made."""
+        """Items currently held by the queue (keyed, unassigned and assigned-but-not-taken),
+        counting every put this process has made, plus the items of keys bound by this process
+        that wait here (other processes' bound keys are theirs to count)."""
         flush_puts()
-        return ray.get(self._actor.qsize.remote())
+        here = transport.endpoint().held(self._instance) if transport.has_endpoint() else 0
+        return ray.get(self._actor.qsize.remote()) + here
 
     def loads(self) -> dict[str, float]:
         """Total weight dealt to each registered unkeyed consumer."""
@@ -527,6 +650,17 @@ class Channel:
 
 
 _consumer_cache: list[str] = []
+_node_cache: list[str] = []
+_routes: dict[tuple[str, Hashable], Any] = {}  # (instance, key) -> consumer address or None
+_bound: set[tuple[str, Hashable]] = set()  # (instance, key) this process consumes directly
+transport_override: list[str | None] = [None]
+"""``["remote"]`` makes same-node bound keys use the cross-node path (TCP); tests, benchmarks."""
+
+
+def _node_id() -> str:
+    if not _node_cache:
+        _node_cache.append(ray.get_runtime_context().get_node_id())
+    return _node_cache[0]
 _put_seq: dict[str, itertools.count] = collections.defaultdict(itertools.count)
 
 

@@ -44,6 +44,7 @@ class ActorWorker(Worker):
         self.spec = SpaceSpec.from_dict(spec)
         self.policy = build_policy(cfg.policy, self.spec)
         self.traj_ch = Channel.connect(channels.trajectories)
+        self.traj_ch.bind(f"a{self.rank}")  # trajectories come straight to this process
         self.channels = channels
         self.num_streams = num_streams
         self.optimizer: Optional[torch.optim.Optimizer] = None

@@ -6,12 +6,15 @@ split into ``trainer.pipeline_stages`` equal micro-batches ("streams"), each its
 rollout worker, stream s+1's observations are already queued, so env stepping and policy
 generation overlap.
 
-Protocol over the runtime's channels (names in :class:`ChannelNames`):
+Protocol over the runtime's channels (names in :class:`ChannelNames`, messages in
+:mod:`rlinf_embodied.workers.messages`):
 
-* the worker puts a *request* ``{"obs", "seed", "reply", "mode", "values_only"}`` on ``obs`` with
-  key ``"r<k>"`` (rollout rank k serves a fixed set of streams, see :func:`stream_assignment`);
-* it gets the reply ``{"actions", "logprobs", "values", "forward_inputs"}`` from ``actions`` with
-  key ``reply``;
+* the worker puts a :class:`~rlinf_embodied.workers.messages.PolicyRequest` on ``obs`` with key
+  ``"r<k>"`` (rollout rank k serves a fixed set of streams, see :func:`stream_assignment`) and,
+  when its rollout or evaluation is over, one ``EndOfStream`` to every rollout rank;
+* it gets the ``PolicyReply`` from ``actions`` with the request's ``reply`` key, which this
+  worker binds (the replies come straight to its process, see
+  :meth:`~rlinf_embodied.runtime.Channel.bind`);
 * at the end of a rollout it puts the assembled trajectory on ``trajectories`` with key
   ``"a<j>"`` for actor rank j. The runner never holds trajectory tensors.
 
@@ -32,6 +35,7 @@ import torch
 
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
+from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
 
 __all__ = ["ChannelNames", "EnvWorker", "actor_slices", "cat_env_axis", "request_seed",
            "stream_assignment", "synthetic_obs"]
@@ -127,6 +131,10 @@ class EnvWorker(Worker):
         self.act_ch = Channel.connect(channels.actions)
         self.traj_ch = Channel.connect(channels.trajectories)
         self.channels = channels
+        for s in range(self.stages):  # replies come straight to this process
+            self.act_ch.bind(self._reply_key(s))
+        self.act_ch.bind(self._eval_reply_key())
+        self.num_rollout_ranks = num_rollout_ranks
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
         self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}
         self.num_actor_ranks = num_actor_ranks
@@ -160,16 +168,32 @@ class EnvWorker(Worker):
     def _stream_id(self, stage: int) -> int:
         return self.rank * self.stages + stage
 
+    def _reply_key(self, stage: int) -> str:
+        return f"e{self.rank}s{stage}"
+
+    def _eval_reply_key(self) -> str:
+        return f"e{self.rank}eval"
+
     def _request(self, stage: int, obs: dict, seed: int, mode: str, values_only: bool,
                  reply: Optional[str] = None) -> str:
         """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key."""
-        reply = reply or f"e{self.rank}s{stage}"
+        reply = reply or self._reply_key(stage)
+        t0 = time.perf_counter()
         self.obs_ch.put(
-            {"obs": obs, "seed": seed, "reply": reply, "mode": mode, "values_only": values_only},
+            PolicyRequest(obs=obs, seed=seed, reply=reply, mode=mode, values_only=values_only),
             key=f"r{self.route[stage]}",
             weight=self.n_stream,
         )
+        hops = getattr(self, "_hops", None)
+        if hops is not None:
+            hops["put_s"] += time.perf_counter() - t0
+            hops["queries"] += 1
         return reply
+
+    def _end_streams(self) -> None:
+        """Tell every rollout rank that this rank sends no more requests in this call."""
+        for k in range(self.num_rollout_ranks):
+            self.obs_ch.put(EndOfStream(self.name), key=f"r{k}", weight=0.0)
 
     def _reset_all(self, envs, iteration: int, phase: int) -> List[dict]:
         """Fresh resets; GRPO groups of G consecutive envs share one seed (initial state)."""
@@ -201,6 +225,7 @@ class EnvWorker(Worker):
         stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0,
                  "env_errors": 0}
         t_env = 0.0
+        self._hops = {"wait_s": 0.0, "put_s": 0.0, "queries": 0}
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
             obs = self._reset_all(self.envs, iteration, phase=0)
             bufs = [_Trajectory(T) for _ in self.envs]
@@ -211,9 +236,9 @@ class EnvWorker(Worker):
             ]
             for t in range(T):
                 for s, env in enumerate(self.envs):
-                    out = self.act_ch.get(key=replies[s])
+                    out = self._reply(replies[s])
                     t0 = time.perf_counter()
-                    o, r, term, trunc, info = env.chunk_step(out["actions"])
+                    o, r, term, trunc, info = env.chunk_step(out.actions)
                     t_env += time.perf_counter() - t0
                     valid = ~info["autoreset"].cpu().bool()
                     rew = r.sum(-1).float().cpu()
@@ -232,8 +257,9 @@ class EnvWorker(Worker):
                     last = t == T - 1
                     sd = request_seed(seed, iteration, self._stream_id(s), t + 1)
                     replies[s] = self._request(s, o, sd, "sample", values_only=last)
+            self._end_streams()
             for s in range(self.stages):
-                bufs[s].bootstrap = self.act_ch.get(key=replies[s])["values"]
+                bufs[s].bootstrap = self._reply(replies[s]).values
             group = torch.arange(self.rank * self.stages * self.n_stream,
                                  (self.rank + 1) * self.stages * self.n_stream)
             traj = cat_env_axis([b.to_dict() for b in bufs])
@@ -244,7 +270,15 @@ class EnvWorker(Worker):
                 part = _slice_envs(traj, lo, hi)
                 self.traj_ch.put(part, key=f"a{a}", weight=part["rewards"].numel())
         stats["env_time_s"] = t_env
+        stats.update(self._hops)
         return stats
+
+    def _reply(self, reply: str) -> PolicyReply:
+        """Wait for the reply ``reply`` (timed: ``wait_s`` of the hop breakdown)."""
+        t0 = time.perf_counter()
+        out = self.act_ch.get(key=reply)
+        self._hops["wait_s"] += time.perf_counter() - t0
+        return out
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:
@@ -282,12 +316,13 @@ class EnvWorker(Worker):
             success = torch.zeros(n, dtype=torch.bool)
             for q in range(queries):
                 sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
-                reply = self._request(0, obs, sd, "greedy", False, reply=f"e{self.rank}eval")
+                reply = self._request(0, obs, sd, "greedy", False, reply=self._eval_reply_key())
                 out = self.act_ch.get(key=reply)
-                obs, r, term, trunc, info = env.chunk_step(out["actions"])
+                obs, r, term, trunc, info = env.chunk_step(out.actions)
                 ret += r.sum(-1).float().cpu()
                 success = info["success"].cpu().bool()
                 succ_once |= info["success_once"].cpu().bool()
+            self._end_streams()
         return {
             "episodes": n,
             "success_once": float(succ_once.float().sum()),
@@ -365,13 +400,13 @@ class _Trajectory:
         self.steps: List[dict] = []
         self.bootstrap: Optional[torch.Tensor] = None
 
-    def add(self, out: dict, rew, term, trunc, valid, info) -> None:
+    def add(self, out: PolicyReply, rew, term, trunc, valid, info) -> None:
         self.steps.append(
             {
-                "actions": out["actions"],
-                "logprobs": out["logprobs"],
-                "values": out["values"],
-                "forward_inputs": out["forward_inputs"],
+                "actions": out.actions,
+                "logprobs": out.logprobs,
+                "values": out.values,
+                "forward_inputs": out.forward_inputs,
                 "rewards": rew,
                 "terminations": term,
                 "truncations": trunc,
