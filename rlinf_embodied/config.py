@@ -124,6 +124,12 @@ class ClusterConfig:
     num_cpu_devices: int = 1
     """Device slots per GPU-less node, so placement behaves the same on a laptop as on GPUs."""
 
+    def __post_init__(self):
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"cluster.num_cpus must be >= 1 or null (got {self.num_cpus}).")
+        if self.num_cpu_devices < 1:
+            raise ConfigError(f"cluster.num_cpu_devices must be >= 1 (got {self.num_cpu_devices}).")
+
 
 @dataclass
 class EnvConfig:
@@ -176,6 +182,18 @@ class EnvConfig:
             raise ConfigError(
                 f"env.start_method must be forkserver or spawn (got {self.start_method!r}); "
                 f"fork deadlocks ManiSkill workers."
+            )
+        for key in ("step_timeout_s", "reset_timeout_s", "startup_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"env.{key} must be > 0 seconds (got {getattr(self, key)}).")
+        if self.threads_per_process < 1:
+            raise ConfigError(
+                f"env.threads_per_process must be >= 1 (got {self.threads_per_process})."
+            )
+        if self.seed is not None and not 0 <= self.seed < 10**9:
+            raise ConfigError(
+                f"env.seed must be in [0, 10**9) or null (got {self.seed}): evaluation uses "
+                f"seeds from eval.seed_offset (>= 10**9) up."
             )
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ConfigError(
@@ -272,9 +290,9 @@ class AlgorithmConfig:
         for key in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key} must be in [0, 1] (got {getattr(self, key)}).")
-        for key in ("entropy_coef", "value_coef"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"algorithm.{key} must be >= 0 (got {getattr(self, key)}).")
+        for key in ("entropy_coef", "value_coef", "clip_ratio_low", "clip_ratio_high"):
+            if not 0 <= getattr(self, key) < float("inf"):
+                raise ConfigError(f"algorithm.{key} must be a number >= 0 (got {getattr(self, key)}).")
         if self.kl_coef < 0:
             raise ConfigError(f"algorithm.kl_coef must be >= 0 (got {self.kl_coef}).")
         if self.target_kl is not None and self.target_kl <= 0:
@@ -604,7 +622,18 @@ def load_config(
         raise
     except TypeError as e:  # e.g. a mapping given for a list field
         raise ConfigError(f"Invalid config in {source}: {_one_line(e)}") from None
+    _reject_nan(obj)
     return obj
+
+
+def _reject_nan(obj: Any, prefix: str = "") -> None:
+    """NaN passes every range check (all comparisons are False): refuse it in any field."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _reject_nan(v, f"{prefix}{f.name}.")
+        elif isinstance(v, float) and v != v:
+            raise ConfigError(f"{prefix}{f.name} is NaN; give a number.")
 
 
 def to_yaml(cfg: Any) -> str:

@@ -31,7 +31,8 @@ class StopSignals:
     only).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, duplicate_s: float = DUPLICATE_SIGNAL_S) -> None:
+        self.duplicate_s = duplicate_s
         self.phase = "startup"
         self.first_at: Optional[float] = None
         self.aborted = False
@@ -63,7 +64,7 @@ class StopSignals:
             print(f"\n{name}: finishing this iteration, then saving a checkpoint (Ctrl-C again "
                   f"to abort without saving)", flush=True)
             return
-        if now - self.first_at < DUPLICATE_SIGNAL_S:
+        if now - self.first_at < self.duplicate_s:
             return  # the same Ctrl-C, delivered to the process and to its group
         self.aborted = True
         raise KeyboardInterrupt
