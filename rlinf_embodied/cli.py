@@ -149,7 +149,8 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
 
     run_dir = Path(resume)
     if not run_dir.is_dir():
-        raise ConfigError(f"--resume {resume}: no such directory.")
+        raise ConfigError(f"--resume {resume}: no such directory (a run stopped before its first "
+                          f"iteration leaves none); start the job again without --resume.")
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(
             f"--resume {resume}: not a run directory (no config.yaml); pass the run directory "
