@@ -208,8 +208,8 @@ def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
     typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps; results in "
                f"{run_dir}")
     if saved is None:
-        typer.echo("no checkpoint was saved (trainer.save_every=0 and the run did not finish); "
-                   "it cannot be resumed.")
+        typer.echo("no checkpoint was saved, so the run cannot be resumed (trainer.save_every "
+                   f"is {runner.cfg.trainer.save_every}; 0 saves only at the end).")
         return
     it = saved.name.removeprefix("iter_").lstrip("0") or "0"
     lost = st["iteration"] - int(it)

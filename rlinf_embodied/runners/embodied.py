@@ -25,6 +25,7 @@ from rlinf_embodied.runtime import PerRank, wait_all
 
 __all__ = ["EmbodiedRunner"]
 
+
 class EmbodiedRunner:
     """Runs one training job in ``run_dir``.
 
