@@ -21,29 +21,49 @@ JOB = ["configs/gym_pointreach_ppo_mlp.yaml", "trainer.iterations=40", "trainer.
        "env.vectorization=async", "env.num_processes=1"]  # an env pool process gets SIGINT too
 
 
+RAY_START_TIMEOUT = "timed out during startup"
+"""Ray's own error when its raylet does not register within its fixed 30 s (an overloaded
+machine); such a start is retried, anything else fails the test."""
+
+
+def _run(cmd):
+    for _ in range(3):
+        done = _run(cmd)
+        if RAY_START_TIMEOUT not in done.stdout + done.stderr:
+            break
+    return done
+
+
 def _start(args, cwd):
     return subprocess.Popen([str(EXE), "train", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _wait_for_metrics(run_dir: Path, proc, timeout_s=600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        m = run_dir / "metrics.jsonl"
-        if m.exists() and m.read_text().strip():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"train exited {proc.returncode} early:\n{proc.stdout.read()}")
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError("no iteration finished in time")
+def _started(args, run_dir: Path, timeout_s=600.0):
+    """A train process that has finished its first iteration."""
+    for _ in range(3):
+        proc = _start(args, ROOT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = run_dir / "metrics.jsonl"
+            if m.exists() and m.read_text().strip():
+                return proc
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        else:
+            proc.kill()
+            raise AssertionError("no iteration finished in time")
+        out = proc.stdout.read()
+        if RAY_START_TIMEOUT not in out:
+            raise AssertionError(f"train exited {proc.returncode} early:\n{out}")
+    raise AssertionError("Ray did not start in 3 tries")
 
 
 @pytest.mark.slow
 def test_double_sigint_saves_and_resumes(tmp_path):
     run_dir = tmp_path / "runs" / "x"
-    proc = _start(JOB + ["run.name=x", f"run.output_dir={tmp_path / 'runs'}"], ROOT)
-    _wait_for_metrics(run_dir, proc)
+    proc = _started(JOB + ["run.name=x", f"run.output_dir={tmp_path / 'runs'}"], run_dir)
     os.kill(proc.pid, signal.SIGINT)
     os.killpg(proc.pid, signal.SIGINT)  # the same Ctrl-C again, to the whole group (Ray too)
     out, _ = proc.communicate(timeout=600)
@@ -58,9 +78,9 @@ def test_double_sigint_saves_and_resumes(tmp_path):
     hint = next(ln for ln in out.splitlines() if ln.startswith("continue with: "))
     cmd = hint.removeprefix("continue with: ").split() + ["trainer.iterations=" + str(state["iteration"] + 1)]
     assert Path(cmd[0]).resolve() == EXE.resolve() or cmd[0] == sys.executable, cmd
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = _run(cmd)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resuming from {run_dir / 'checkpoints' / latest}" in done.stdout
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{state['iteration'] + 1:06d}"
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = _run(cmd)
     assert again.returncode == 0 and "has finished" in again.stdout, again.stdout + again.stderr
