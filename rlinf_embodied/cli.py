@@ -266,9 +266,13 @@ def train(
             validate_job(cfg)
             from rlinf_embodied.runners.embodied import EmbodiedRunner
 
+            extra = {"signals": signals, "checkpoint": ckpt}
+            if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
+                from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
+
+                extra = {}  # its own signature; it installs its own StopSignals in run()
             typer.echo(f"run directory: {run_dir}")
-            runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume), signals=signals,
-                                    checkpoint=ckpt)
+            runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume), **extra)
         except typer.Exit:
             raise
         except ConfigError as e:
@@ -286,7 +290,8 @@ def train(
             typer.secho(f"error: {_short_error(e)}", fg=typer.colors.RED, err=True)
             _report_saved(runner, run_dir, "failed")
             raise typer.Exit(1)
-        how = ("aborted" if signals.aborted else "interrupted") if runner.interrupted else "done"
+        aborted = signals.aborted or runner.signals.aborted
+        how = ("aborted" if aborted else "interrupted") if runner.interrupted else "done"
         _report_saved(runner, run_dir, how)
         if runner.interrupted:
             raise typer.Exit(130)
