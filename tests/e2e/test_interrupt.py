@@ -28,7 +28,7 @@ machine); such a start is retried, anything else fails the test."""
 
 def _run(cmd):
     for _ in range(3):
-        done = _run(cmd)
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         if RAY_START_TIMEOUT not in done.stdout + done.stderr:
             break
     return done
