@@ -41,6 +41,8 @@ class LiberoEnvConfig(EnvConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.image_size < 1:
+            raise ConfigError(f"env.image_size must be >= 1 (got {self.image_size}).")
         suites = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
         if self.suite not in suites:
             raise ConfigError(

@@ -36,6 +36,8 @@ class ManiSkillEnvConfig(EnvConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.sensor_size < 1:
+            raise ConfigError(f"env.sensor_size must be >= 1 (got {self.sensor_size}).")
         if self.obs_mode not in ("state", "rgb"):
             raise ConfigError(f"env.obs_mode must be state or rgb (got {self.obs_mode!r}).")
         if self.sim_backend not in ("auto", "physx_cpu", "physx_cuda"):

@@ -173,8 +173,8 @@ class _LiberoFamily(_Family):
         super().__init__(req, protocol)
         if req.suite not in LIBERO_SUITES:
             raise EvalError(
-                f"Unknown LIBERO suite {req.suite!r}; valid suites: {', '.join(LIBERO_SUITES)} "
-                "(--suite)."
+                ("--env libero needs --suite" if req.suite is None else f"Unknown LIBERO suite {req.suite!r}")
+                + f"; valid suites: {', '.join(LIBERO_SUITES)} (e.g. --suite libero_spatial)."
             )
         from rlinf_embodied.envs.libero import libero_init_states, libero_tasks
 

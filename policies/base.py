@@ -232,8 +232,18 @@ class ActionOutput:
     forward_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class Evaluation(NamedTuple):
+class _EvaluationFields(NamedTuple):
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+
+
+class Evaluation(_EvaluationFields):
     """What :meth:`Policy.evaluate` returns (unpacks as ``logprobs, entropy, values``).
+
+    Views (e.g. ``values[..., 0]``) are copied on construction: FSDP2 registers its pre-backward
+    hook on the outputs of a sharded module's forward methods, and an in-place op on a view
+    output would drop that hook (torch warns "returned a view tensor").
 
     Attributes:
         logprobs: at the policy's granularity, like :attr:`ActionOutput.logprobs` (with grad).
@@ -241,9 +251,11 @@ class Evaluation(NamedTuple):
         values: (N,) or None.
     """
 
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    values: torch.Tensor | None
+    __slots__ = ()
+
+    def __new__(cls, logprobs, entropy, values=None):
+        own = lambda t: t.clone() if isinstance(t, torch.Tensor) and t._base is not None else t  # noqa: E731
+        return super().__new__(cls, own(logprobs), own(entropy), own(values))
 
 
 class Policy(nn.Module, abc.ABC):

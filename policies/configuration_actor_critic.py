@@ -80,6 +80,10 @@ class CNNPolicyConfig(ActorCriticPolicyConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.image_feature_dim < 1:
+            raise ConfigError(f"policy.image_feature_dim must be >= 1 (got {self.image_feature_dim}).")
+        if self.state_feature_dim < 1:
+            raise ConfigError(f"policy.state_feature_dim must be >= 1 (got {self.state_feature_dim}).")
         n = len(self.conv_channels)
         if n == 0 or len(self.conv_kernels) != n or len(self.conv_strides) != n:
             raise ConfigError(

@@ -172,7 +172,13 @@ def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig
 
 
 def _load_weights(policy: Policy, directory: Path, saved_cfg: PolicyConfig) -> None:
-    state = load_file(str(directory / WEIGHTS_FILE), device="cpu")
+    try:
+        state = load_file(str(directory / WEIGHTS_FILE), device="cpu")
+    except Exception as e:  # noqa: BLE001 - SafetensorError (truncated / not safetensors), OSError
+        raise PolicyCheckpointError(
+            f"{directory / WEIGHTS_FILE} cannot be read ({str(e).strip().splitlines()[0]}); the "
+            f"file is damaged or truncated: use another checkpoint of the run."
+        ) from None
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as e:

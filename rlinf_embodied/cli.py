@@ -6,6 +6,8 @@ import a simulator or a large model.
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -68,11 +70,14 @@ def config_show(
     config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
 ) -> None:
-    """Print the resolved configuration (YAML) after overrides and validation."""
+    """Print the resolved configuration (YAML) after overrides and the validation `train` runs."""
     from rlinf_embodied.config import ConfigError, load_config, to_yaml
+
+    from rlinf_embodied.runners.setup import validate_job
 
     try:
         cfg = load_config(config, overrides or [])
+        validate_job(cfg)  # the same checks as `train`
     except ConfigError as e:
         _fail(str(e))
     typer.echo(to_yaml(cfg), nl=False)
@@ -116,6 +121,113 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _self_command() -> str:
+    """How to invoke this CLI again, as the user did: ``.venv/bin/rlinf-embodied`` (or
+    ``rlinf-embodied`` when found on PATH), else ``python -m rlinf_embodied.cli``."""
+    exe = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if exe is not None and exe.name == "rlinf-embodied":
+        return shlex.quote(str(exe)) if exe.parent != Path("") else "rlinf-embodied"
+    return f"{shlex.quote(sys.executable)} -m rlinf_embodied.cli"
+
+
+def _config_diff(a, b, skip=("run.",)) -> List[str]:
+    """``key: a -> b`` for every flattened key where config dataclasses ``a`` and ``b`` differ."""
+    from rlinf_embodied.config import as_dict
+
+    fa, fb = _flat(as_dict(a)), _flat(as_dict(b))
+    keys = [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and not k.startswith(skip)]
+    return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in keys]
+
+
+def _warn(msg: str) -> None:
+    typer.secho(f"warning: {msg}", fg=typer.colors.YELLOW, err=True)
+
+
+def _resume_config(config: Optional[str], overrides: List[str], resume: str):
+    """(config, run directory, checkpoint) of ``train --resume``; None as the checkpoint when
+    the run has already finished (after saying so).
+
+    Raises:
+        ConfigError: not a run directory, no loadable checkpoint, or a CONFIG that differs
+            from the run's own config.yaml.
+    """
+    import json
+
+    from rlinf_embodied.checkpoint import latest_loadable_checkpoint
+    from rlinf_embodied.config import ConfigError, load_config
+
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {resume}: no such directory (a run stopped before its first "
+                          f"iteration leaves none); start the job again without --resume.")
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(
+            f"--resume {resume}: not a run directory (no config.yaml); pass the run directory "
+            f"printed at the start of the run."
+        )
+    saved = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    if config:
+        given = load_config(config, overrides)
+        skip = ("run.",) + (("trainer.pipeline_stages",) if given.placement == "auto" else ())
+        diff = _config_diff(given, cfg, skip)
+        if diff:
+            raise ConfigError(
+                f"{config} is not the config of run {run_dir} (differs in {'; '.join(diff)}); "
+                f"resume with `train --resume {run_dir} [key=value ...]` (the run's own "
+                f"config.yaml plus overrides), or drop --resume to start a new run."
+            )
+    ckpt = latest_loadable_checkpoint(run_dir, warn=lambda m: typer.secho(m, fg=typer.colors.YELLOW, err=True))
+    if ckpt is None:
+        raise ConfigError(
+            f"--resume {resume}: no complete checkpoint in {run_dir / 'checkpoints'} (the run "
+            f"stopped before its first save); start it again without --resume."
+        )
+    done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
+    if done >= cfg.trainer.iterations:
+        typer.echo(f"run {run_dir} has finished: checkpoint {ckpt.name} is iteration {done} of "
+                   f"trainer.iterations={cfg.trainer.iterations}; nothing to do. To train "
+                   f"further, pass trainer.iterations=N with N > {done}.")
+        return cfg, run_dir, None
+    changed = [d for d in _config_diff(saved, cfg) if not d.startswith(_RESUME_SAFE)]
+    if changed:
+        _warn("resuming with changed settings " + ", ".join(changed)
+              + "; the result will differ from an uninterrupted run.")
+    t_old, t_new = saved.trainer, cfg.trainer
+    if t_new.lr_schedule != "constant" and t_new.iterations != t_old.iterations:
+        from rlinf_embodied.algorithms.update import lr_lambda
+
+        before = lr_lambda(t_old.lr_schedule, t_old.iterations)(done)
+        after = lr_lambda(t_new.lr_schedule, t_new.iterations)(done)
+        _warn(f"trainer.lr_schedule={t_new.lr_schedule} spans trainer.iterations: changing it "
+              f"from {t_old.iterations} to {t_new.iterations} moves the schedule, so the LR at "
+              f"iteration {done} becomes {after:.3f} x trainer.lr instead of {before:.3f} x.")
+    return cfg, run_dir, ckpt
+
+
+def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
+    """The last lines of a train command: what ran, what is saved, how to continue."""
+    saved = getattr(runner, "saved", None) if runner is not None else None
+    if runner is None:
+        typer.echo(f"{how} before training started: nothing was trained"
+                   + (f"; {run_dir} is unchanged." if run_dir and run_dir.exists() else
+                      ", nothing was saved."))
+        return
+    st = runner.state
+    typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps; results in "
+               f"{run_dir}")
+    if saved is None:
+        typer.echo("no checkpoint was saved, so the run cannot be resumed (trainer.save_every "
+                   f"is {runner.cfg.trainer.save_every}; 0 saves only at the end).")
+        return
+    it = saved.name.removeprefix("iter_").lstrip("0") or "0"
+    lost = st["iteration"] - int(it)
+    typer.echo(f"checkpoint: {saved} (iteration {it})"
+               + (f"; the {lost} iteration(s) after it were not saved" if lost > 0 else ""))
+    if how != "done":
+        typer.echo(f"continue with: {_self_command()} train --resume {shlex.quote(str(run_dir))}")
+
+
 @app.command()
 def train(
     config: Optional[str] = typer.Argument(
@@ -123,76 +235,84 @@ def train(
     ),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     resume: Optional[str] = typer.Option(
-        None, "--resume", help="Run directory to continue from its latest checkpoint; its saved "
-        "config.yaml is the base, key=value overrides apply on top (e.g. trainer.iterations=300)."
+        None, "--resume", help="Run directory to continue from its newest complete checkpoint; "
+        "its saved config.yaml is the base, key=value overrides apply on top (e.g. "
+        "trainer.iterations=300). A CONFIG given too must be that run's config (else an error)."
     ),
 ) -> None:
     """Train a policy with RL (env, rollout and actor workers on Ray, placement from config).
 
-    Exits 0 when the run ends (all iterations or trainer.max_time_s), 130 after Ctrl-C (a
-    checkpoint is saved first), 2 for a configuration error.
+    Exits 0 when the run ends (all iterations, trainer.max_time_s, or a finished run resumed),
+    130 after Ctrl-C or SIGTERM (the current iteration finishes and a checkpoint is saved; a
+    second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
+    The last lines always say which checkpoint holds the run.
     """
-    from rlinf_embodied.config import ConfigError, as_dict, load_config
+    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.runners.signals import StopSignals
 
+    signals = StopSignals().install()  # before anything else: a Ctrl-C in startup is reported
     overrides = list(overrides or [])
     if config and "=" in config and not Path(config).exists():
         overrides.insert(0, config)  # `train --resume RUN key=value`: no CONFIG given
         config = None
+    run_dir: Optional[Path] = None
+    runner = None
     try:
-        if resume:
-            run_dir = Path(resume)
-            if not run_dir.is_dir():
-                raise ConfigError(f"--resume {resume}: no such directory.")
-            if not (run_dir / "checkpoints").is_dir() or not (run_dir / "config.yaml").exists():
-                raise ConfigError(
-                    f"--resume {resume}: not a run directory with checkpoints/ and config.yaml; "
-                    f"pass the run directory printed at the start of the run to continue."
-                )
-            if config:
-                typer.echo(f"note: resuming uses {run_dir / 'config.yaml'} (the run's resolved "
-                           f"config) plus the overrides; {config} is not read.")
-            saved = load_config(run_dir / "config.yaml")
-            cfg = load_config(run_dir / "config.yaml", overrides)
-            before, after = _flat(as_dict(saved)), _flat(as_dict(cfg))
-            changed = [k for k in after if before.get(k) != after[k] and not k.startswith(_RESUME_SAFE)]
-            if changed:
-                typer.secho(
-                    "warning: resuming with changed settings "
-                    + ", ".join(f"{k}: {before.get(k)!r} -> {after[k]!r}" for k in changed)
-                    + "; the result will differ from an uninterrupted run.",
-                    fg=typer.colors.YELLOW, err=True)
-        else:
-            if not config:
-                raise ConfigError("Pass a job YAML (e.g. configs/maniskill_pushcube_ppo_mlp.yaml) "
-                                  "or --resume RUN_DIR.")
-            cfg = load_config(config, overrides)
-            run_dir = _fresh_run_dir(cfg.run.run_dir())
-        from rlinf_embodied.runners.setup import validate_job
+        try:
+            ckpt = None
+            if resume:
+                cfg, run_dir, ckpt = _resume_config(config, overrides, resume)
+                if ckpt is None:
+                    raise typer.Exit(0)  # finished already (said so)
+            else:
+                if not config:
+                    raise ConfigError("Pass a job YAML (e.g. configs/maniskill_pushcube_ppo_mlp.yaml) "
+                                      "or --resume RUN_DIR.")
+                cfg = load_config(config, overrides)
+                run_dir = _fresh_run_dir(cfg.run.run_dir())
+            from rlinf_embodied.runners.setup import validate_job
 
-        validate_job(cfg)
-        if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
-            from rlinf_embodied.sft.gate import GateError, gate_for_job
+            validate_job(cfg)
+            if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
+                from rlinf_embodied.sft.gate import GateError, gate_for_job
 
-            try:
-                gate_for_job(cfg, run_dir, log=typer.echo)
-            except GateError as e:
-                _fail(str(e), code=3)
-        from rlinf_embodied.runners.embodied import EmbodiedRunner
+                try:
+                    gate_for_job(cfg, run_dir, log=typer.echo)
+                except GateError as e:
+                    _fail(str(e), code=3)
+            from rlinf_embodied.runners.embodied import EmbodiedRunner
 
-        if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
-            from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
-        typer.echo(f"run directory: {run_dir}")
-        runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
-    except ConfigError as e:
-        _fail(str(e))
-    except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
-        _fail(_short_error(e), code=1)
-    state = runner.run()
-    typer.echo(f"{'interrupted' if runner.interrupted else 'done'}: {state['iteration']} "
-               f"iterations, {state['env_steps']:,} env steps; results in {run_dir}")
-    if runner.interrupted:
-        typer.echo(f"continue with: rlinf-embodied train --resume {run_dir}")
-        raise typer.Exit(130)
+            extra = {"signals": signals, "checkpoint": ckpt}
+            if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
+                from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
+
+                extra = {}  # its own signature; it installs its own StopSignals in run()
+            typer.echo(f"run directory: {run_dir}")
+            runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume), **extra)
+        except typer.Exit:
+            raise
+        except ConfigError as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            _report_saved(None, run_dir, "interrupted")
+            raise typer.Exit(130)
+        except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
+            _fail(_short_error(e), code=1)
+        try:
+            runner.run()
+        except KeyboardInterrupt:  # a Ctrl-C while the workers shut down
+            runner.interrupted = True
+        except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
+            typer.secho(f"error: {_short_error(e)}", fg=typer.colors.RED, err=True)
+            _report_saved(runner, run_dir, "failed")
+            raise typer.Exit(1)
+        aborted = signals.aborted or runner.signals.aborted
+        how = ("aborted" if aborted else "interrupted") if runner.interrupted else "done"
+        _report_saved(runner, run_dir, how)
+        if runner.interrupted:
+            raise typer.Exit(130)
+    finally:
+        signals.restore()
 
 
 def _short_error(e: Exception) -> str:

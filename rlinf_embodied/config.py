@@ -103,6 +103,11 @@ class RunConfig:
         return Path(self.dir) if self.dir else Path(self.output_dir) / self.name
 
     def __post_init__(self):
+        if not self.name or self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise ConfigError(
+                f"run.name must be one directory name without '/' or '..' (got {self.name!r}); "
+                f"the run directory is run.output_dir/run.name. Set run.dir for another place."
+            )
         if not 0 <= self.seed < 1000:
             raise ConfigError(
                 f"run.seed must be in [0, 1000) (got {self.seed}): env seeds are derived as "
@@ -120,6 +125,12 @@ class ClusterConfig:
     """CPUs for the embedded Ray; None uses the machine's CPU count."""
     num_cpu_devices: int = 1
     """Device slots per GPU-less node, so placement behaves the same on a laptop as on GPUs."""
+
+    def __post_init__(self):
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"cluster.num_cpus must be >= 1 or null (got {self.num_cpus}).")
+        if self.num_cpu_devices < 1:
+            raise ConfigError(f"cluster.num_cpu_devices must be >= 1 (got {self.num_cpu_devices}).")
 
 
 @dataclass
@@ -173,6 +184,18 @@ class EnvConfig:
             raise ConfigError(
                 f"env.start_method must be forkserver or spawn (got {self.start_method!r}); "
                 f"fork deadlocks ManiSkill workers."
+            )
+        for key in ("step_timeout_s", "reset_timeout_s", "startup_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"env.{key} must be > 0 seconds (got {getattr(self, key)}).")
+        if self.threads_per_process < 1:
+            raise ConfigError(
+                f"env.threads_per_process must be >= 1 (got {self.threads_per_process})."
+            )
+        if self.seed is not None and not 0 <= self.seed < 10**9:
+            raise ConfigError(
+                f"env.seed must be in [0, 10**9) or null (got {self.seed}): evaluation uses "
+                f"seeds from eval.seed_offset (>= 10**9) up."
             )
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ConfigError(
@@ -235,7 +258,9 @@ class AlgorithmConfig:
     value_coef: float = 0.5
     """Weight of the value loss (CleanRL: 0.5)."""
     kl_coef: float = 0.0
-    """Coefficient of the KL penalty to the reference policy."""
+    """Coefficient of the KL penalty to the reference policy (losses take ``ref_logprobs``);
+    training jobs keep no reference policy, so :func:`~rlinf_embodied.runners.setup.validate_job`
+    requires 0."""
     target_kl: Optional[float] = None
     """Stop the update epochs early when the approximate KL exceeds this."""
     normalize_advantages: bool = True
@@ -264,6 +289,22 @@ class AlgorithmConfig:
             raise ConfigError(
                 f"algorithm.dual_clip must be > 1 (got {self.dual_clip}); use 3.0 or null."
             )
+        for key in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"algorithm.{key} must be in [0, 1] (got {getattr(self, key)}).")
+        for key in ("entropy_coef", "value_coef", "clip_ratio_low", "clip_ratio_high"):
+            if not 0 <= getattr(self, key) < float("inf"):
+                raise ConfigError(f"algorithm.{key} must be a number >= 0 (got {getattr(self, key)}).")
+        if self.kl_coef < 0:
+            raise ConfigError(f"algorithm.kl_coef must be >= 0 (got {self.kl_coef}).")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ConfigError(f"algorithm.target_kl must be > 0 or null (got {self.target_kl}).")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ConfigError(f"algorithm.value_clip must be > 0 or null (got {self.value_clip}).")
+        for key in ("filter_low", "filter_high"):
+            v = getattr(self, key)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"algorithm.{key} must be in [0, 1] or null (got {v}).")
         if self.ratio_level not in (None, "token", "action", "chunk"):
             raise ConfigError(
                 f"algorithm.ratio_level must be token, action, chunk or null "
@@ -308,8 +349,31 @@ class TrainerConfig:
     the final checkpoint, evaluation and videos are then of that policy. None trains on."""
 
     def __post_init__(self):
-        if self.pipeline_stages < 1:
-            raise ConfigError(f"trainer.pipeline_stages must be >= 1 (got {self.pipeline_stages}).")
+        for key in ("iterations", "rollout_steps", "update_epochs", "num_minibatches",
+                    "pipeline_stages"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"Set trainer.{key} to at least 1 (got {getattr(self, key)}).")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ConfigError(
+                f"trainer.micro_batch_size must be >= 1 or null (got {self.micro_batch_size})."
+            )
+        if not self.lr > 0 or self.lr != self.lr or self.lr == float("inf"):
+            raise ConfigError(f"trainer.lr must be a positive number (got {self.lr}).")
+        if not self.max_grad_norm > 0:
+            raise ConfigError(f"trainer.max_grad_norm must be > 0 (got {self.max_grad_norm}).")
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ConfigError(
+                f"trainer.lr_schedule must be constant, linear or cosine (got {self.lr_schedule!r})."
+            )
+        for key in ("eval_every", "save_every"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"trainer.{key} must be >= 0, 0 = never (got {getattr(self, key)}).")
+        if self.max_time_s is not None and not self.max_time_s > 0:
+            raise ConfigError(f"trainer.max_time_s must be > 0 or null (got {self.max_time_s}).")
+        if self.target_success is not None and not 0.0 <= self.target_success <= 1.0:
+            raise ConfigError(
+                f"trainer.target_success must be in [0, 1] or null (got {self.target_success})."
+            )
 
 
 @dataclass
@@ -317,11 +381,25 @@ class EvalConfig:
     """Evaluation during training and from the CLI."""
 
     num_episodes: int = 16
+    """Episodes of each evaluation (split across the env ranks)."""
     seed_offset: int = 2_000_000_000
     """Eval env seeds are ``seed_offset + run.seed * 1000 + i``; training resets use seeds
     below 10**9 (``run.seed * 10**6 + ...``), so the two never overlap. Below 2**32 - 10**6."""
     num_videos: int = 2
+    """Episodes recorded as video at the final evaluation (needs image observations)."""
     greedy: bool = True
+    """Evaluate the distribution's mode (True) or sample actions like the rollout (False)."""
+
+    def __post_init__(self):
+        if self.num_episodes < 1:
+            raise ConfigError(f"eval.num_episodes must be >= 1 (got {self.num_episodes}).")
+        if self.num_videos < 0:
+            raise ConfigError(f"eval.num_videos must be >= 0 (got {self.num_videos}).")
+        if not 10**9 <= self.seed_offset < 2**32 - 10**6:
+            raise ConfigError(
+                f"eval.seed_offset must be in [10**9, 2**32 - 10**6) (got {self.seed_offset}): "
+                f"below, eval seeds could meet training seeds; above, they overflow uint32."
+            )
 
 
 @dataclass
@@ -388,9 +466,16 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
     try:
         cfg = OmegaConf.load(p)
     except Exception as e:  # yaml.YAMLError and friends
-        raise ConfigError(f"Config file {p} is not valid YAML: {e}") from e
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ConfigError(f"Config file {p} is not valid YAML: {_one_line(e)}{at}.") from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"Config file {p} must hold a mapping at the top level.")
+    if not cfg:
+        raise ConfigError(
+            f"Config file {p} is empty; start from a shipped job (e.g. "
+            f"configs/maniskill_pushcube_ppo_mlp.yaml) and change what you need."
+        )
     return cfg
 
 
@@ -398,10 +483,27 @@ def _parse_overrides(overrides: List[str]) -> DictConfig:
     for o in overrides:
         if "=" not in o or o.startswith("="):
             raise ConfigError(f"Override {o!r} is not of the form key=value (e.g. env.num_envs=16).")
+    for o in overrides:
+        try:
+            OmegaConf.from_dotlist([o])
+        except Exception as e:  # yaml.YAMLError (unclosed quote or bracket), OmegaConf errors
+            raise ConfigError(
+                f"Cannot parse override {o!r}: {_one_line(e)}. Values are YAML: quote strings "
+                f"with special characters (key='a: b') and close brackets (key=[1, 2])."
+            ) from None
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"Cannot parse overrides {overrides}: {e}") from e
+    except OmegaConfBaseException as e:  # e.g. `a=1 a.b=2`: a scalar and a section
+        raise ConfigError(f"Cannot apply overrides {overrides}: {_one_line(e)}") from None
+
+
+def _one_line(e: Exception) -> str:
+    """The gist of an exception on one line (YAML's ``problem``, else the first line)."""
+    problem = getattr(e, "problem", None)
+    if problem:
+        return str(problem)
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 def _schema_for(schema_cls: type, raw: DictConfig | None) -> Any:
@@ -460,7 +562,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         return ConfigError(
             f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
         )
-    return ConfigError(f"Invalid config in {source}: {e}")
+    return ConfigError(f"Invalid config in {source}: {_one_line(e)}")
 
 
 def _field_type_name(cls: Optional[type], key: Optional[str]) -> str:
@@ -501,11 +603,14 @@ def load_config(
     overrides = list(overrides or [])
     raw = _read_yaml(path) if path is not None else OmegaConf.create({})
     ov = _parse_overrides(overrides)
-    merged_raw = OmegaConf.merge(raw, ov)
     source = str(path) if path is not None else "defaults"
     if overrides:
         source += f" + overrides {overrides}"
-    structured = _schema_for(schema, merged_raw)
+    try:
+        merged_raw = OmegaConf.merge(raw, ov)
+        structured = _schema_for(schema, merged_raw)
+    except (OmegaConfBaseException, TypeError) as e:  # `env: 3` in the file, `env.num_envs=4`
+        raise ConfigError(f"Invalid config in {source}: {_one_line(e)}") from None
     _open_free_dicts(structured)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
@@ -519,7 +624,20 @@ def load_config(
         raise _translate(cause, structured, source) from None
     except ConfigError:
         raise
+    except TypeError as e:  # e.g. a mapping given for a list field
+        raise ConfigError(f"Invalid config in {source}: {_one_line(e)}") from None
+    _reject_nan(obj)
     return obj
+
+
+def _reject_nan(obj: Any, prefix: str = "") -> None:
+    """NaN passes every range check (all comparisons are False): refuse it in any field."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _reject_nan(v, f"{prefix}{f.name}.")
+        elif isinstance(v, float) and v != v:
+            raise ConfigError(f"{prefix}{f.name} is NaN; give a number.")
 
 
 def to_yaml(cfg: Any) -> str:

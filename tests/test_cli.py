@@ -65,3 +65,126 @@ def test_doctor_failure_has_fix(monkeypatch):
     monkeypatch.setattr(doctor, "CHECKS", [lambda: doctor.Check("x", "fail", True, "d", "do y")])
     out = json.loads(doctor.format_checks(doctor.run_checks(), as_json=True))
     assert out["ok"] is False and out["checks"][0]["fix"] == "do y"
+
+
+# --- train: refused before Ray starts or anything is written; resume rules --------------------
+JOB = str(ROOT / "configs" / "gym_pointreach_ppo_mlp.yaml")
+
+
+def _no_ray():
+    import sys as _sys
+
+    ray = _sys.modules.get("ray")
+    return ray is None or not ray.is_initialized()
+
+
+def test_train_refuses_bad_values_before_anything_runs(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    bad = [["trainer.rollout_steps=0"], ["trainer.lr=-1"], ["algorithm.gamma=1.5"],
+           ["trainer.num_minibatches=100000"], ["run.name=../../outside"],
+           ["algorithm.kl_coef=0.1"], ["placement=diagonal"]]
+    if importlib.util.find_spec("wandb") is None:
+        bad.append(["logging.wandb=true"])
+    ray_was_up = not _no_ray()
+    for overrides in bad:
+        r = runner.invoke(app, ["train", JOB, *overrides])
+        assert r.exit_code == 2, (overrides, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: "), r.output
+    assert not any(tmp_path.rglob("*")), sorted(tmp_path.rglob("*"))  # no run directory
+    assert not (tmp_path.parent.parent / "outside").exists()
+    assert ray_was_up or _no_ray()
+
+
+def _fake_run(tmp_path, iterations_done, damaged=(), config_overrides=()):
+    """A run directory as training leaves it: config.yaml and checkpoints of a real policy."""
+    from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir
+    from rlinf_embodied.config import load_config, save_config
+    from rlinf_embodied.policies import build_policy, save_policy
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    cfg = load_config(JOB, list(config_overrides))
+    run = tmp_path / "run"
+    save_config(cfg, run)
+    policy = build_policy(cfg.policy, SpaceSpec(action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
+                                                state_dim=4))
+    for it in iterations_done:
+        with checkpoint_dir(run, f"iter_{it:06d}") as d:
+            save_policy(policy, d / "policy")
+            atomic_write_json(d / "runner_state.json", {"iteration": it, "env_steps": 100 * it})
+    for it in damaged:
+        w = run / "checkpoints" / f"iter_{it:06d}" / "policy" / "model.safetensors"
+        w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    return run
+
+
+def test_resume_of_finished_run_says_so(tmp_path):
+    run = _fake_run(tmp_path, [30])
+    r = runner.invoke(app, ["train", "--resume", str(run)])
+    assert r.exit_code == 0, r.output
+    assert "has finished" in r.output and "iteration 30" in r.output and "trainer.iterations=N" in r.output
+
+
+def test_resume_skips_a_truncated_checkpoint(tmp_path):
+    run = _fake_run(tmp_path, [1, 2], damaged=[2])
+    r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=1"])
+    assert r.exit_code == 0, r.output
+    assert "skipping checkpoint iter_000002" in r.output and "model.safetensors" in r.output
+    assert "checkpoint iter_000001 is iteration 1" in r.output
+
+
+def test_resume_with_no_loadable_checkpoint_is_an_error(tmp_path):
+    run = _fake_run(tmp_path, [1], damaged=[1])
+    r = runner.invoke(app, ["train", "--resume", str(run)])
+    assert r.exit_code == 2 and "no complete checkpoint" in r.output, r.output
+
+
+def test_resume_with_another_config_is_an_error(tmp_path):
+    run = _fake_run(tmp_path, [30])
+    other = str(ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml")
+    r = runner.invoke(app, ["train", other, "--resume", str(run)])
+    assert r.exit_code == 2 and "is not the config of run" in r.output and "env.type" in r.output
+    # the run's own config file is accepted (and the finished run reported)
+    r = runner.invoke(app, ["train", JOB, "--resume", str(run)])
+    assert r.exit_code == 0 and "has finished" in r.output, r.output
+
+
+def test_resume_warns_when_the_lr_schedule_moves(tmp_path, capsys):
+    from rlinf_embodied.cli import _resume_config
+
+    run = _fake_run(tmp_path, [10], config_overrides=["trainer.lr_schedule=linear", "trainer.iterations=20"])
+    cfg, _, ckpt = _resume_config(None, ["trainer.iterations=40"], str(run))
+    err = capsys.readouterr().err
+    assert ckpt.name == "iter_000010" and cfg.trainer.iterations == 40
+    # linear: 1 - 10/20 = 0.5 before, 1 - 10/40 = 0.75 after
+    assert "lr_schedule=linear" in err and "0.750 x trainer.lr instead of 0.500" in err, err
+    _resume_config(None, ["trainer.iterations=40", "trainer.lr_schedule=constant"], str(run))
+    assert "lr_schedule" not in capsys.readouterr().err.split("changed settings")[-1].split(";")[-1]
+
+
+def test_eval_of_truncated_checkpoint_is_one_line(tmp_path):
+    run = _fake_run(tmp_path, [1], damaged=[1])
+    r = runner.invoke(app, ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy",
+                            str(run / "checkpoints" / "iter_000001"), "--num-processes", "0",
+                            "--num-envs", "1", "--trials-per-task", "1", "--no-report",
+                            "--output", str(tmp_path / "r.json")])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "model.safetensors cannot be read" in lines[0], r.output
+
+
+def test_eval_libero_without_suite_names_the_fix():
+    r = runner.invoke(app, ["eval", "--env", "libero", "--policy", "random"])
+    assert r.exit_code == 2 and "--env libero needs --suite" in r.output, r.output
+
+
+def test_continue_hint_is_a_command_that_exists(monkeypatch):
+    from rlinf_embodied.cli import _self_command
+
+    exe = Path(sys.executable).parent / "rlinf-embodied"
+    monkeypatch.setattr(sys, "argv", [str(exe), "train"])
+    assert _self_command() == str(exe) and exe.exists()
+    monkeypatch.setattr(sys, "argv", ["/somewhere/cli.py", "train"])
+    assert _self_command().endswith("-m rlinf_embodied.cli")
+    assert Path(_self_command().split()[0]).exists()

@@ -7,36 +7,53 @@ whether it context-switches is data (``configs/placement/*.yaml``), read by the 
 from __future__ import annotations
 
 import shutil
-import signal
 import time
 import uuid
 from pathlib import Path
 from typing import Optional
 
-from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir, latest_checkpoint
+from rlinf_embodied.checkpoint import (
+    atomic_write_json,
+    checkpoint_dir,
+    latest_loadable_checkpoint,
+)
 from rlinf_embodied.config import JobConfig, as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger, plot_curves
 from rlinf_embodied.runners.setup import launch_groups
+from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import wait_all
 
 __all__ = ["EmbodiedRunner"]
 
 
 class EmbodiedRunner:
-    """Runs one training job in ``run_dir`` (resumes from its latest checkpoint if ``resume``)."""
+    """Runs one training job in ``run_dir``.
+
+    With ``resume`` it continues from ``checkpoint``, by default the newest checkpoint of the
+    run that passes :func:`~rlinf_embodied.checkpoint.checkpoint_problem` (damaged ones are
+    skipped with a warning). ``signals`` handles Ctrl-C / SIGTERM (the CLI installs it before
+    the workers start, so a signal during startup is handled too).
+    """
 
     actor_cls = None
     """Actor worker class (None: ActorWorker); the elastic runner swaps in its own."""
 
-    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False):
+    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False,
+                 signals: Optional[StopSignals] = None, checkpoint: Optional[Path] = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.signals = signals or StopSignals()
+        self.saved: Optional[Path] = None
+        """The newest checkpoint of the run (written by this process or resumed from)."""
+        ckpt = (checkpoint or latest_loadable_checkpoint(self.run_dir)) if resume else None
+        if resume and ckpt is None:
+            print(f"no loadable checkpoint in {self.run_dir}: starting from iteration 0")
         save_config(cfg, self.run_dir)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
         self.state = {"iteration": 0, "env_steps": 0}
         if ckpt is not None:
             import json
 
             self.state = json.loads((ckpt / "runner_state.json").read_text())
+            self.saved = ckpt
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
         try:
             self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt,
@@ -50,14 +67,23 @@ class EmbodiedRunner:
             save_config(cfg, self.run_dir)
         self.log = MetricLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.wandb,
                                 cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg))
-        self._stop = False
-        self._saved_at = -1
+        self._saved_at = self.state["iteration"] if ckpt is not None else -1
         self.interrupted = False
 
+    @property
+    def _stop(self) -> bool:
+        return self.signals.requested
+
     def run(self) -> dict:
+        """Train until ``trainer.iterations`` (or ``max_time_s`` / ``target_success``, or a
+        stop signal: then the current iteration finishes and a checkpoint is saved). Returns
+        the runner state (``iteration``, ``env_steps``, ...); ``self.saved`` names the last
+        checkpoint and ``self.interrupted`` / ``self.signals.aborted`` say how it ended."""
         cfg, g, t = self.cfg, self.g, self.cfg.trainer
         start = time.time()
-        prev = signal.signal(signal.SIGINT, self._on_sigint)
+        owns_handlers = not self.signals._prev
+        self.signals.install()
+        self.signals.phase = "training"
         try:
             while self.state["iteration"] < t.iterations and not self._stop:
                 it = self.state["iteration"]
@@ -95,14 +121,20 @@ class EmbodiedRunner:
                 if done:
                     break
             self.interrupted = self._stop
-            if self._stop and self._saved_at != self.state["iteration"]:
+            if self._stop and self.state["iteration"] > 0 and self._saved_at != self.state["iteration"]:
                 print("interrupted: saving a final checkpoint")
                 self.save()
+        except KeyboardInterrupt:
+            self.interrupted = True  # aborted (a second Ctrl-C): nothing more is saved
         finally:
-            signal.signal(signal.SIGINT, prev)
-            self.log.close()
-            plot_curves(self.run_dir)
-            g.shutdown()
+            self.signals.phase = "exiting"
+            try:
+                self.log.close()
+                plot_curves(self.run_dir)
+            finally:
+                g.shutdown()
+                if owns_handlers:
+                    self.signals.restore()
         return self.state
 
     def _rollout_and_train(self, it: int, m: dict):
@@ -155,10 +187,5 @@ class EmbodiedRunner:
             atomic_write_json(d / "runner_state.json", self.state)
         if periodic:
             self._saved_at = self.state["iteration"]
+            self.saved = self.run_dir / "checkpoints" / name
         return self.run_dir / "checkpoints" / name
-
-    def _on_sigint(self, *_):
-        if self._stop:
-            raise KeyboardInterrupt
-        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (Ctrl-C again to abort)")
-        self._stop = True

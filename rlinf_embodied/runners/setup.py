@@ -9,7 +9,7 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, JobConfig
 
 __all__ = ["Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
-           "validate_job"]
+           "check_minibatches", "validate_job"]
 
 
 
@@ -39,15 +39,30 @@ def group_ranks(plan, num_devices: int) -> dict:
 
 
 def validate_job(cfg: JobConfig) -> None:
-    """Checks that need no cluster, run before anything is started or written: the placement
-    exists and parses, and the env sharding fits it when every group's devices are explicit.
+    """Checks that need no cluster, run before anything is started or written (``train`` and
+    ``config show`` both run them): no KL coefficient (there is no reference policy), wandb
+    importable when enabled, the placement exists and parses, and the env sharding and the
+    minibatch count fit it when every group's devices are explicit.
 
     Raises:
         ConfigError: naming the problem and the fix.
     """
-    if cfg.trainer.iterations < 1:
-        raise ConfigError(f"Set trainer.iterations to at least 1 (got {cfg.trainer.iterations}).")
+    if cfg.algorithm.kl_coef != 0.0:
+        raise ConfigError(
+            f"algorithm.kl_coef={cfg.algorithm.kl_coef}: training keeps no reference policy to "
+            f"take a KL penalty to; set algorithm.kl_coef=0 (algorithm.target_kl and the clip "
+            f"ratios limit the update)."
+        )
+    if cfg.logging.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "logging.wandb=true but wandb is not installed; `.venv/bin/pip install wandb` "
+                "(then `wandb login`), or set logging.wandb=false."
+            )
     if cfg.placement == "auto":
+        check_minibatches(cfg, 1)
         return
     from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
 
@@ -55,6 +70,7 @@ def validate_job(cfg: JobConfig) -> None:
     try:
         plan = PlacementPlan.from_yaml(path)
         if cfg.cluster.address is not None:
+            check_minibatches(cfg, 1)
             return  # the device count is the remote cluster's
         import torch
 
@@ -64,6 +80,25 @@ def validate_job(cfg: JobConfig) -> None:
     except PlacementError as e:
         raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
     check_divisibility(cfg, ranks["env"], ranks["actor"])
+    check_minibatches(cfg, ranks["actor"])
+
+
+def check_minibatches(cfg: JobConfig, actor_ranks: int) -> None:
+    """Every minibatch must hold at least one sample: ``trainer.num_minibatches`` <= the
+    T x N / actor-ranks samples an actor rank trains on per iteration.
+
+    Raises:
+        ConfigError: naming the sample count and the fix.
+    """
+    t = cfg.trainer
+    samples = t.rollout_steps * max(1, cfg.env.num_envs // max(1, actor_ranks))
+    if t.num_minibatches > samples:
+        raise ConfigError(
+            f"trainer.num_minibatches={t.num_minibatches} is more than the {samples} samples an "
+            f"actor rank trains on per iteration (trainer.rollout_steps x env.num_envs / actor "
+            f"ranks = {t.rollout_steps} x {cfg.env.num_envs} / {actor_ranks}); set "
+            f"trainer.num_minibatches to at most {samples}."
+        )
 
 
 def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> None:
@@ -133,6 +168,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     nd = cluster.num_devices
     ranks = group_ranks(plan, nd)
     check_divisibility(cfg, ranks["env"], ranks["actor"])
+    check_minibatches(cfg, ranks["actor"])
     names = ChannelNames(f"{run_id}/obs", f"{run_id}/actions", f"{run_id}/trajectories")
     for n in (names.obs, names.actions, names.trajectories):
         Channel.create(n)

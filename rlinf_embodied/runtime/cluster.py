@@ -7,6 +7,7 @@ Here each node contributes its GPUs in order; a node without GPUs contributes
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Sequence
 
@@ -17,6 +18,15 @@ from rlinf_embodied.runtime.device import CPU, GPU, RAY_GPU_RESOURCE, Device
 DEFAULT_NUM_CPU_DEVICES = 3
 """CPU device slots per GPU-less node: three, so every shipped placement runs on a laptop or CI
 machine (disaggregated needs one device per group: env, rollout, actor)."""
+
+
+_RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _local_token_notice(record: logging.LogRecord) -> bool:
+    """Drop Ray's "Token authentication is enabled" notice, logged on every start of an
+    embedded local Ray (auth stays on; only the notice goes)."""
+    return "Token authentication is enabled" not in record.getMessage()
 
 
 class Cluster:
@@ -55,6 +65,7 @@ class Cluster:
             init_kwargs = dict(namespace=namespace, log_to_driver=log_to_driver)
             if address is None:
                 init_kwargs.update(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False)
+                logging.getLogger(_RAY_TOKEN_LOGGER).addFilter(_local_token_notice)
             # "local" always starts a new embedded Ray: without it ray.init attaches to any
             # cluster a `ray start` left running on the machine (another user's, another job's).
             ray.init(address=address or "local", **init_kwargs)

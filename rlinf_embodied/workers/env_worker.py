@@ -316,7 +316,8 @@ class EnvWorker(Worker):
             success = torch.zeros(n, dtype=torch.bool)
             for q in range(queries):
                 sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
-                reply = self._request(0, obs, sd, "greedy", False, reply=self._eval_reply_key())
+                mode = "greedy" if self.cfg.eval.greedy else "sample"
+                reply = self._request(0, obs, sd, mode, False, reply=self._eval_reply_key())
                 out = self.act_ch.get(key=reply)
                 obs, r, term, trunc, info = env.chunk_step(out.actions)
                 ret += r.sum(-1).float().cpu()

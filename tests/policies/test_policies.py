@@ -278,3 +278,39 @@ def test_spec_from_gymnasium_spaces_and_obs():
         SpaceSpec(state_dim=3)
     with pytest.raises(ValueError, match="Unsupported action space"):
         SpaceSpec.from_spaces(gym.spaces.MultiBinary(3))
+
+
+def test_fsdp2_evaluate_outputs_are_not_views():
+    """FSDP2 warns "returned a view tensor" (an in-place op would drop its pre-backward hook)
+    when a sharded forward method returns views; Evaluation copies them."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.policies import build_policy
+    from rlinf_embodied.policies.base import Evaluation, SpaceSpec
+
+    base = torch.randn(4, 1, requires_grad=True)
+    ev = Evaluation(base[:, 0], base.sum(1), base[:, 0] * 2)
+    assert ev.logprobs._base is None and ev.values._base is None
+    torch.testing.assert_close(ev.logprobs, base[:, 0])
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29633", rank=0, world_size=1)
+    try:
+        cfg = load_config(None, ["policy.type=mlp", "policy.hidden_sizes=[16]"])
+        p = build_policy(cfg.policy, SpaceSpec(action_low=(-1.0, -1.0), action_high=(1.0, 1.0), state_dim=3))
+        fully_shard(p)
+        for name in ("act", "evaluate"):
+            register_fsdp_forward_method(p, name)
+        with torch.no_grad():
+            out = p.act({"states": torch.randn(5, 3)})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ev = p.evaluate(out.forward_inputs, out.actions)
+            (ev.logprobs.sum() + ev.values.sum()).backward()
+        assert not [w for w in caught if "view tensor" in str(w.message)]
+    finally:
+        dist.destroy_process_group()

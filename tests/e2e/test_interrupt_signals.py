@@ -1,0 +1,49 @@
+"""StopSignals in this process: the first Ctrl-C asks for a stop, its duplicate is ignored, a
+later one aborts; before training starts the first one interrupts at once."""
+
+import os
+import signal
+
+import pytest
+
+from rlinf_embodied.runners.signals import StopSignals
+
+
+def _send(sig=signal.SIGINT):
+    os.kill(os.getpid(), sig)  # Python runs the handler before the next bytecode
+
+
+def test_duplicate_is_ignored_then_a_later_signal_aborts(capsys):
+    before = signal.getsignal(signal.SIGINT)
+    s = StopSignals(duplicate_s=3600).install()
+    try:
+        s.phase = "training"
+        _send()
+        _send()  # the same Ctrl-C delivered to the process group
+        assert s.requested and not s.aborted
+        assert capsys.readouterr().out.count("finishing this iteration") == 1
+        s.duplicate_s = 0.0  # now the next one counts as a second Ctrl-C
+        with pytest.raises(KeyboardInterrupt):
+            _send()
+        assert s.aborted
+    finally:
+        s.restore()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_startup_signal_interrupts_at_once_and_sigterm_stops_too(capsys):
+    s = StopSignals(duplicate_s=3600).install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _send()
+        _send()  # its duplicate does not interrupt the cleanup
+        assert "stopping before training started" in capsys.readouterr().out
+    finally:
+        s.restore()
+    s = StopSignals().install()
+    try:
+        s.phase = "training"
+        _send(signal.SIGTERM)
+        assert s.requested and "SIGTERM: finishing this iteration" in capsys.readouterr().out
+    finally:
+        s.restore()
