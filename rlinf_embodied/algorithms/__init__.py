@@ -7,7 +7,7 @@ Importing this package registers every built-in estimator, loss and filter:
 - filters: ``dynamic_sampling``.
 """
 
-from rlinf_embodied.algorithms import advantages, filters, losses  # noqa: F401  (registration)
+from rlinf_embodied.algorithms import advantages, dapo, filters, losses  # noqa: F401  (registration)
 from rlinf_embodied.algorithms.advantages import gae, grpo, reinforce_pp
 from rlinf_embodied.algorithms.filters import dynamic_sampling
 from rlinf_embodied.algorithms.losses import k3_kl, ppo_loss, ppo_policy_loss, value_loss

@@ -110,6 +110,14 @@ class GenerationBackend(abc.ABC):
     def version(self) -> int:
         """Weight version currently loaded (0 = the model directory's weights)."""
 
+    def sleep(self) -> None:
+        """Free device memory for another worker group on the same devices (collocated
+        placement: called when the rollout worker offloads). Weights and version survive.
+        Default: nothing."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (called when the rollout worker onloads). Default: nothing."""
+
     def close(self) -> None:
         """Release the engine (no-op by default)."""
 

@@ -104,6 +104,8 @@ class ReasoningRolloutConfig:
     """Responses per message on the stream to the reward/actor workers (pipelining granularity)."""
     dtype: str = "float32"
     """Backend weight dtype."""
+    device: Optional[str] = None
+    """Backend torch device; None = the rollout worker's device from the placement."""
     gpu_memory_utilization: float = 0.1
     """vLLM: memory fraction for the KV cache (on the CPU build: of *CPU* memory; 0.92, vLLM's
     default, fails on a 24 GiB machine, ENVIRONMENT.md)."""
@@ -147,8 +149,15 @@ class ReasoningAlgorithmConfig:
     """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage)."""
     overlong_filter: bool = False
     """DAPO overlong filtering: truncated responses (finish_reason=length) get no loss."""
-    overlong_penalty: float = 0.0
-    """Reward subtracted from truncated responses (0 disables)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: the reward falls linearly by up to
+    ``overlong_penalty_factor`` over the last this-many tokens before rollout.max_new_tokens
+    (0 disables; :func:`~rlinf_embodied.algorithms.dapo.overlong_reward_penalty`)."""
+    overlong_penalty_factor: float = 1.0
+    """Penalty at the length limit (DAPO: 1.0)."""
+    recompute_logprobs: bool = False
+    """Recompute the old log-probs on the actor after the rollout instead of using the
+    backend's (needed when the backend's numerics differ from the actor's, e.g. bf16 vLLM)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the reference model (0: no reference model is kept)."""
     entropy_coef: float = 0.0
@@ -161,6 +170,8 @@ class ReasoningAlgorithmConfig:
         if self.loss_agg not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"):
             raise ConfigError(f"algorithm.loss_agg must be token_mean, seq_mean_token_mean or "
                               f"seq_mean_token_sum (got {self.loss_agg!r}).")
+        if self.overlong_buffer < 0:
+            raise ConfigError(f"algorithm.overlong_buffer must be >= 0 (got {self.overlong_buffer}).")
         if self.clip_ratio_low < 0 or self.clip_ratio_high < 0 or self.kl_coef < 0:
             raise ConfigError("algorithm.clip_ratio_low, clip_ratio_high and kl_coef must be "
                               f">= 0 (got {self.clip_ratio_low}, {self.clip_ratio_high}, "
@@ -177,6 +188,8 @@ class ReasoningTrainerConfig:
     """Passes over each step's responses."""
     num_minibatches: int = 1
     """Optimizer steps per epoch (the step's responses split evenly)."""
+    micro_batch_size: int = 64
+    """Responses per forward/backward (gradient accumulation; memory bound)."""
     lr: float = 1e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0

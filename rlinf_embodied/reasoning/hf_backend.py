@@ -91,6 +91,14 @@ class HFBackend(GenerationBackend):
     def version(self) -> int:
         return self._version
 
+    def sleep(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+
+    def wake_up(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+
     def update_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> None:
         missing, unexpected = self.model.load_state_dict(
             {k: v.to(self.device) for k, v in state_dict.items()}, strict=False)
