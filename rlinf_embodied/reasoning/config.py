@@ -13,6 +13,8 @@ from typing import Optional
 from rlinf_embodied.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
 
 __all__ = [
+    "is_reasoning_job",
+    "load_job_config",
     "ModelConfig",
     "TaskConfig",
     "ReasoningRolloutConfig",
@@ -244,3 +246,29 @@ class ReasoningJobConfig:
         if self.workflow != "reasoning":
             raise ConfigError(f"workflow must be 'reasoning' in a reasoning job "
                               f"(got {self.workflow!r}).")
+
+
+def is_reasoning_job(path) -> bool:
+    """True when the YAML file at ``path`` says ``workflow: reasoning`` at its top level."""
+    from pathlib import Path
+
+    from omegaconf import DictConfig, OmegaConf
+
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        raw = OmegaConf.load(p)
+    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
+        return False
+    return isinstance(raw, DictConfig) and raw.get("workflow") == "reasoning"
+
+
+def load_job_config(path, overrides=None):
+    """:func:`rlinf_embodied.config.load_config` with the schema the file asks for
+    (:class:`ReasoningJobConfig` for ``workflow: reasoning``, else the embodied JobConfig)."""
+    from rlinf_embodied.config import load_config
+
+    if path is not None and is_reasoning_job(path):
+        return load_config(path, overrides, schema=ReasoningJobConfig)
+    return load_config(path, overrides)

@@ -66,6 +66,12 @@ class RewardWorker(Worker):
                 r.reward += p
         return responses
 
+    def profile_score(self, batch: int) -> float:
+        """Verify ``batch`` synthetic responses (scheduler profiling). Returns 0 (no device)."""
+        fake = [Response(i, "p", str(i), 0, [1], [2, 3], [0.0, 0.0], "stop", 0) for i in range(batch)]
+        self.score_responses(fake)
+        return 0.0
+
     def score(self, step: int) -> Dict[str, float]:
         """Score this step's stream and forward it. Returns ``responses``, ``reward_sum``,
         ``correct`` and ``verify_s``."""
