@@ -4,16 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_embodied.config import (
-    ConfigError,
-    GymEnvConfig,
-    JobConfig,
-    LiberoEnvConfig,
-    ManiSkillEnvConfig,
-    load_config,
-    save_config,
-    to_yaml,
-)
+from rlinf_embodied.config import ConfigError, JobConfig, load_config, save_config, to_yaml
+from rlinf_embodied.envs.configuration_gym import GymEnvConfig
+from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
+from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
