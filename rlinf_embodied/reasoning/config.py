@@ -149,6 +149,12 @@ class ReasoningAlgorithmConfig:
     (GRPO: mean per response, then over responses) or ``seq_mean_token_sum``."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage)."""
+    filter_low: Optional[float] = None
+    """Success-rate band of the ``grpo`` estimator's own dynamic sampling (a response succeeds
+    when its reward > 0.5): drop groups below this; None = 0. ``dynamic_sampling`` is the
+    reward-based DAPO form."""
+    filter_high: Optional[float] = None
+    """Upper end of that band; None = 1."""
     overlong_filter: bool = False
     """DAPO overlong filtering: truncated responses (finish_reason=length) get no loss."""
     overlong_buffer: int = 0
@@ -254,9 +260,13 @@ def is_reasoning_job(path) -> bool:
 
     from omegaconf import DictConfig, OmegaConf
 
+    from rlinf_embodied.config import shipped_config
+
     p = Path(path)
     if not p.is_file():
-        return False
+        p = shipped_config(p)
+        if p is None:
+            return False
     try:
         raw = OmegaConf.load(p)
     except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it

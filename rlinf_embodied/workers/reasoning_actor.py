@@ -199,7 +199,8 @@ class ReasoningActorWorker(Worker):
         return float(t)
 
     def _update(self, responses: List[Response], step: int) -> Dict[str, float]:
-        from rlinf_embodied.algorithms import get_advantage, get_filter, get_loss
+        from rlinf_embodied.algorithms import RolloutBatch, get_advantage, get_filter, get_loss
+        from rlinf_embodied.algorithms.dapo import TokenLossBatch
 
         a, t = self.cfg.algorithm, self.cfg.trainer
         responses = sorted(responses, key=Response.key)  # arrival order never matters
@@ -210,8 +211,13 @@ class ReasoningActorWorker(Worker):
         if responses:
             rewards = torch.tensor([r.reward for r in responses], dtype=torch.float32)
             gids = torch.tensor([r.group for r in responses])
-            adv, _ = get_advantage(a.advantage)(rewards, gids, std_normalize=a.grpo_std_normalize)
-            keep = torch.ones(len(responses), dtype=torch.bool)
+            n = len(responses)
+            rb = RolloutBatch(rewards=rewards[None], valid=torch.ones(1, n, dtype=torch.bool),
+                              terminations=torch.ones(1, n, dtype=torch.bool),
+                              truncations=torch.zeros(1, n, dtype=torch.bool), group_ids=gids,
+                              success=(rewards > 0.5)[None])
+            est = get_advantage(a.advantage)(rb, a)  # one response = one one-step episode
+            adv, keep = est.advantages[0], est.valid[0].clone()
             if a.dynamic_sampling:
                 keep &= get_filter("nonuniform_groups")(rewards, gids)
             if a.overlong_filter:
@@ -252,12 +258,10 @@ class ReasoningActorWorker(Worker):
                                                      [len(r.prompt_ids) for r in rs], self.pad_id, dev)
                     lp, ent = token_logprobs(self.model, ids, attn, with_entropy=a.entropy_coef > 0)
                     ref = _scatter([r.ref_logprobs for r in rs], mask) if self.ref is not None else None
-                    loss, met = loss_fn(
+                    loss, met = loss_fn(TokenLossBatch(
                         logprobs=lp, old_logprobs=_scatter([old[i] for i in sub], mask),
                         advantages=adv[sub].to(dev), mask=mask, ref_logprobs=ref, entropy=ent,
-                        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                        loss_agg=a.loss_agg, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                        denominator=den)
+                        denominator=den), a)
                     (loss * world).backward()
                     w = len(sub) / max(1, len(idx))
                     for key, v in met.items():

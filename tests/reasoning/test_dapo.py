@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from rlinf_embodied.algorithms import get_advantage, get_filter, get_loss
-from rlinf_embodied.algorithms.dapo import aggregate_token_loss, overlong_reward_penalty
+from rlinf_embodied.algorithms import RolloutBatch
+from rlinf_embodied.algorithms.dapo import (TokenLossBatch, aggregate_token_loss, overlong_reward_penalty,
+                                            ppo_token_loss)
+from rlinf_embodied.reasoning.config import ReasoningAlgorithmConfig
 
 
 def _batch(seed, B=6, R=5):
@@ -50,9 +53,9 @@ def _loop_loss(lp, old, ref, adv, mask, low, high, agg, kl_coef):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ppo_token_loss_matches_loop(agg, seed):
     lp, old, ref, adv, mask = _batch(seed)
-    loss, met = get_loss("ppo_token")(
-        logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref,
-        clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg=agg, kl_coef=0.1)
+    cfg = ReasoningAlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg=agg, kl_coef=0.1)
+    loss, met = get_loss("ppo_token")(TokenLossBatch(logprobs=lp, old_logprobs=old, advantages=adv,
+                                                     mask=mask, ref_logprobs=ref), cfg)
     want = _loop_loss(lp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, agg, 0.1)
     assert float(loss) == pytest.approx(want, rel=1e-5)
     assert 0.0 < float(met["clip_fraction"]) < 1.0
@@ -74,9 +77,9 @@ def test_clip_higher_lets_positive_advantages_grow_further():
     lp = torch.log(torch.tensor([[1.25]]))
     old = torch.zeros(1, 1)
     mask = torch.ones(1, 1, dtype=torch.bool)
-    sym, _ = get_loss("ppo_token")(logprobs=lp, old_logprobs=old, advantages=torch.ones(1), mask=mask,
+    sym, _ = ppo_token_loss(logprobs=lp, old_logprobs=old, advantages=torch.ones(1), mask=mask,
                                    clip_ratio_low=0.2, clip_ratio_high=0.2)
-    hi, _ = get_loss("ppo_token")(logprobs=lp, old_logprobs=old, advantages=torch.ones(1), mask=mask,
+    hi, _ = ppo_token_loss(logprobs=lp, old_logprobs=old, advantages=torch.ones(1), mask=mask,
                                   clip_ratio_low=0.2, clip_ratio_high=0.28)
     assert float(sym) == pytest.approx(-1.2) and float(hi) == pytest.approx(-1.25)
 
@@ -84,15 +87,19 @@ def test_clip_higher_lets_positive_advantages_grow_further():
 def test_ppo_token_loss_errors_name_the_fix():
     lp, old, ref, adv, mask = _batch(0)
     with pytest.raises(ValueError, match="kl_coef"):
-        get_loss("ppo_token")(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, kl_coef=0.1)
+        ppo_token_loss(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="loss_agg"):
-        get_loss("ppo_token")(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, loss_agg="x")
+        ppo_token_loss(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, loss_agg="x")
 
 
 def test_grpo_on_responses_with_group_ids_matches_loop():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     groups = torch.tensor([3, 3, 3, 3, 7, 7, 7, 7])
-    adv, _ = get_advantage("grpo")(rewards, groups)
+    n = len(rewards)
+    rb = RolloutBatch(rewards=rewards[None], valid=torch.ones(1, n, dtype=torch.bool),
+                      terminations=torch.ones(1, n, dtype=torch.bool),
+                      truncations=torch.zeros(1, n, dtype=torch.bool), group_ids=groups)
+    adv = get_advantage("grpo")(rb, ReasoningAlgorithmConfig()).advantages[0]
     for g in (3, 7):
         vals = [float(r) for r, gg in zip(rewards, groups) if gg == g]
         mean = sum(vals) / len(vals)
