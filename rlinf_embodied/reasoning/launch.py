@@ -9,6 +9,7 @@ collocated, disaggregated and hybrid placement mean the same thing for both work
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 __all__ = ["ReasoningGroups", "launch_reasoning_groups", "prepare_model_dir", "REWARD_SLOT",
            "split_evenly"]
@@ -77,7 +78,8 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
         plan = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
     nd = cluster.num_devices
     plan.validate(nd)
-    print(plan.describe(nd).replace(f"{REWARD_SLOT}:", "reward:", 1))
+    text = re.sub(rf"\b{REWARD_SLOT}\b {{3}}", "reward", plan.describe(nd))  # keep the columns
+    print(re.sub(rf"\b{REWARD_SLOT}\b", "reward", text))
     ranks = group_ranks(plan, nd)
     n_roll, n_rew, n_act = ranks["rollout"], ranks[REWARD_SLOT], ranks["actor"]
     responses, scored = f"{run_id}/responses", f"{run_id}/scored"

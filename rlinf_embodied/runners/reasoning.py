@@ -46,7 +46,7 @@ class ReasoningRunner:
                         "steps": [], "eval": []}
 
     def run(self) -> dict:
-        cfg, g, t = self.cfg, self.g, self.cfg.trainer
+        g, t = self.g, self.cfg.trainer
         n_roll, start, tokens = g.rollout.world_size, time.time(), 0
         try:
             if t.sft_steps:

@@ -51,3 +51,18 @@ def test_placements_and_pipelining_give_the_same_run(ray_session, tmp_path):
         assert [e["reward"] for e in res["eval"]] == [e["reward"] for e in base_res["eval"]]
         for k in base_w:
             torch.testing.assert_close(w[k], base_w[k], rtol=0, atol=1e-6, msg=f"{name}: {k}")
+
+
+@pytest.mark.slow
+def test_hybrid_placement_runs_with_two_actor_ranks(ray_session, tmp_path):
+    """Hybrid: reward on device 0, rollout on 1, the actor on both (2 FSDP ranks that own
+    alternate groups). Step 1's rollout is the collocated one's; training then differs only by
+    how the two ranks split minibatches."""
+    runs = {}
+    for name, extra in {"collocated": ["placement=collocated"],
+                        "hybrid": ["placement=hybrid", "cluster.num_cpu_devices=2"]}.items():
+        cfg = load_config("configs/reasoning_grpo_tiny.yaml", SMALL + extra, schema=ReasoningJobConfig)
+        runs[name] = ReasoningRunner(cfg, tmp_path / name).run()
+    first = {k: v for k, v in runs["hybrid"]["steps"][0].items() if k.startswith("rollout/") and "per_s" not in k}
+    assert first == {k: runs["collocated"]["steps"][0][k] for k in first}
+    assert len(runs["hybrid"]["steps"]) == 2 and runs["hybrid"]["steps"][1]["train/responses"] == 8

@@ -1,6 +1,5 @@
 """HF backend vs the FSDP2 actor: after a weight sync their per-token log-probs agree."""
 
-import pytest
 import torch
 
 from rlinf_embodied.config import load_config
