@@ -71,13 +71,15 @@ def config_show(
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
 ) -> None:
     """Print the resolved configuration (YAML) after overrides and the validation `train` runs."""
-    from rlinf_embodied.config import ConfigError, load_config, to_yaml
+    from rlinf_embodied.config import ConfigError, JobConfig, to_yaml
+    from rlinf_embodied.reasoning.config import load_job_config
 
     from rlinf_embodied.runners.setup import validate_job
 
     try:
-        cfg = load_config(config, overrides or [])
-        validate_job(cfg)  # the same checks as `train`
+        cfg = load_job_config(config, overrides or [])
+        if isinstance(cfg, JobConfig):
+            validate_job(cfg)  # the same checks as `train`
     except ConfigError as e:
         _fail(str(e))
     typer.echo(to_yaml(cfg), nl=False)
@@ -248,10 +250,15 @@ def train(
     The last lines always say which checkpoint holds the run.
     """
     from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.reasoning.config import is_reasoning_job
     from rlinf_embodied.runners.signals import StopSignals
 
     signals = StopSignals().install()  # before anything else: a Ctrl-C in startup is reported
     overrides = list(overrides or [])
+    if config and not resume and is_reasoning_job(config):
+        from rlinf_embodied.reasoning.cli import train_reasoning
+
+        raise typer.Exit(train_reasoning(config, overrides, _fail, _short_error))
     if config and "=" in config and not Path(config).exists():
         overrides.insert(0, config)  # `train --resume RUN key=value`: no CONFIG given
         config = None

@@ -110,8 +110,10 @@ def test_save_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
-    cfg = load_config(path)
-    assert isinstance(cfg, JobConfig)
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig, load_job_config
+
+    cfg = load_job_config(path)
+    assert isinstance(cfg, ReasoningJobConfig if path.name.startswith("reasoning_") else JobConfig)
 
 
 # --- every field does something; bad values are refused before anything starts -----------------

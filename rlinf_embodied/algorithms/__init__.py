@@ -5,10 +5,12 @@ Importing this package registers every built-in estimator, loss and filter:
 - advantages (``algorithm.advantage``): ``gae``, ``grpo``, ``reinforce_pp``, each
   ``fn(RolloutBatch, AlgorithmConfig) -> Advantages``;
 - losses (``algorithm.loss``): ``ppo``, ``fn(LossBatch, AlgorithmConfig) -> (loss, metrics)``;
-- filters: ``dynamic_sampling``.
+- losses from dapo.py: ``ppo_token`` (per response token, DAPO clip-higher and loss
+  aggregation), on a :class:`~rlinf_embodied.algorithms.dapo.TokenLossBatch`;
+- filters: ``dynamic_sampling``, ``nonuniform_groups`` and ``complete`` (DAPO).
 """
 
-from rlinf_embodied.algorithms import advantages, filters, losses  # noqa: F401  (registration)
+from rlinf_embodied.algorithms import advantages, dapo, filters, losses  # noqa: F401  (registration)
 from rlinf_embodied.algorithms.advantages import gae, grpo, reinforce_pp
 from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.filters import dynamic_sampling

@@ -1,0 +1,182 @@
+"""HF transformers generation backend (works everywhere; the default on CPU).
+
+Decoding is a plain KV-cache loop over ``Qwen2ForCausalLM``-style models instead of
+``model.generate``: ``generate`` has no per-sequence streaming for batches, and the loop lets a
+finished response leave as soon as it emits EOS (elastic pipelining) while the others go on.
+Prompts are left-padded with explicit position ids, so a batched prompt sees the same
+positions as an unpadded one.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List
+
+import torch
+
+from rlinf_embodied.reasoning.backends import Generation, GenerationBackend
+
+__all__ = ["HFBackend", "response_logprobs"]
+
+
+def response_logprobs(model, sequences: List[List[int]], prompt_lens: List[int], pad_id: int,
+                      device="cpu") -> List[List[float]]:
+    """Per-token log-probs (temperature 1) of each sequence's response part, one forward.
+
+    Sequences are right-padded, so every real token sees exactly its unpadded context.
+    Shapes: B sequences of length L_b; returns B lists of length ``L_b - prompt_lens[b]``.
+    """
+    ids, mask = _right_pad(sequences, pad_id, device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return [lp[b, p - 1:len(s) - 1].tolist() for b, (s, p) in enumerate(zip(sequences, prompt_lens))]
+
+
+def _right_pad(seqs: List[List[int]], pad_id: int, device):
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s)
+        mask[b, :len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of each row of ``probs`` (B, V) outside the top-p mass, renormalise."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(-1, descending=True)
+    drop = sorted_p.cumsum(-1) - sorted_p > top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    return out / out.sum(-1, keepdim=True)
+
+
+class HFBackend(GenerationBackend):
+    """transformers ``AutoModelForCausalLM`` decoded by a batched KV-cache loop.
+
+    Args:
+        model_dir: local HF model directory.
+        cfg: :class:`~rlinf_embodied.reasoning.config.ReasoningRolloutConfig` (``dtype``,
+            ``max_batch_size``; ``device`` attribute if present, else CUDA when visible).
+    """
+
+    name = "hf"
+
+    def __init__(self, model_dir: str, cfg):
+        super().__init__(model_dir, cfg)
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.device = torch.device(getattr(cfg, "device", None)
+                                   or ("cuda:0" if torch.cuda.is_available() else "cpu"))
+        dtype = getattr(torch, getattr(cfg, "dtype", "float32"))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="eager").to(self.device).eval()
+        mc = AutoConfig.from_pretrained(model_dir)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = mc.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        pad = self.model.generation_config.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
+        self.max_batch_size = int(getattr(cfg, "max_batch_size", 256))
+        import inspect  # transformers >= 5.24 renamed past_key_values to cache
+
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def sleep(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+
+    def wake_up(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+
+    def update_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> None:
+        missing, unexpected = self.model.load_state_dict(
+            {k: v.to(self.device) for k, v in state_dict.items()}, strict=False)
+        unexpected = [k for k in unexpected if k != "lm_head.weight"]
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise KeyError(f"weights do not match the rollout model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            self.model.tie_weights()
+        self._version = int(version)
+
+    def score(self, sequences: List[List[int]], prompt_lens: List[int]) -> List[List[float]]:
+        out: List[List[float]] = []
+        for i in range(0, len(sequences), self.max_batch_size):
+            out += response_logprobs(self.model, sequences[i:i + self.max_batch_size],
+                                     prompt_lens[i:i + self.max_batch_size], self.pad_id,
+                                     self.device)
+        return out
+
+    def generate(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed, greedy=False):
+        gens = list(self.generate_stream(prompt_ids, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p, seed=seed,
+                                         greedy=greedy))
+        return sorted(gens, key=lambda g: g.index)
+
+    def generate_stream(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed,
+                        greedy: bool = False) -> Iterator[Generation]:
+        for start in range(0, len(prompt_ids), self.max_batch_size):
+            chunk = prompt_ids[start:start + self.max_batch_size]
+            for g in self._decode(chunk, max_new_tokens, temperature, top_p, seed + start, greedy):
+                g.index += start
+                yield g
+
+    @torch.no_grad()
+    def _decode(self, prompts: List[List[int]], max_new_tokens: int, temperature: float,
+                top_p: float, seed: int, greedy: bool) -> Iterator[Generation]:
+        from transformers import DynamicCache
+
+        B, L, dev = len(prompts), max(len(p) for p in prompts), self.device
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, L - len(p):] = torch.tensor(p)
+            mask[b, L - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        gen = torch.Generator(device=dev).manual_seed(int(seed))
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                            use_cache=True, **{self._cache_kw: cache}).logits[:, -1].float()
+        next_pos = pos[:, -1:] + 1
+        done = [False] * B
+        resp: List[List[int]] = [[] for _ in range(B)]
+        lps: List[List[float]] = [[] for _ in range(B)]
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(logits, -1)
+            if greedy:
+                tok = logits.argmax(-1)
+            else:
+                probs = _nucleus(torch.softmax(logits / temperature, -1), top_p)
+                tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+            toks = tok.tolist()
+            for b in range(B):
+                if done[b]:
+                    continue
+                resp[b].append(toks[b])
+                lps[b].append(tok_lp[b])
+                stop = toks[b] in self.eos_ids
+                if stop or t == max_new_tokens - 1:
+                    done[b] = True
+                    yield Generation(list(prompts[b]), resp[b], lps[b],
+                                     "stop" if stop else "length", self._version, b)
+            if all(done):
+                return
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], -1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask,
+                                position_ids=next_pos, use_cache=True,
+                                **{self._cache_kw: cache}).logits[:, -1].float()
+            next_pos = next_pos + 1
