@@ -64,7 +64,7 @@ def bench_generation(model_dir: str, batch: int, new_tokens: int) -> dict:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = _prompts(tok, batch)
-    kw = dict(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=0)
+    kw = {"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": 0}
     out = {"batch": batch, "max_new_tokens": new_tokens}
     for name in ("hf", "vllm"):
         cfg = ReasoningRolloutConfig(backend=name, max_batch_size=batch,

@@ -31,7 +31,7 @@ How it runs:
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator, List
+from collections.abc import Iterator
 
 import torch
 
@@ -50,24 +50,24 @@ _IN_PROCESS_ENV = {
 }
 
 
-def engine_kwargs(model_dir: str, cfg) -> Dict[str, object]:
+def engine_kwargs(model_dir: str, cfg) -> dict[str, object]:
     """``vllm.LLM`` keyword arguments for ``model_dir`` from the rollout config ``cfg``.
 
     Reads ``dtype`` (default float32), ``gpu_memory_utilization`` (0.1), ``enforce_eager``
     (True), ``max_model_len`` (None: the model config's) and ``seed`` (0) when ``cfg`` has them.
     """
     in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
-    kw: Dict[str, object] = dict(
-        model=str(model_dir),
-        dtype=str(getattr(cfg, "dtype", "float32")),
-        gpu_memory_utilization=float(getattr(cfg, "gpu_memory_utilization", 0.1)),
-        enforce_eager=bool(getattr(cfg, "enforce_eager", True)),
-        seed=int(getattr(cfg, "seed", 0) or 0),
-        logprobs_mode="raw_logprobs",
+    kw: dict[str, object] = {
+        "model": str(model_dir),
+        "dtype": str(getattr(cfg, "dtype", "float32")),
+        "gpu_memory_utilization": float(getattr(cfg, "gpu_memory_utilization", 0.1)),
+        "enforce_eager": bool(getattr(cfg, "enforce_eager", True)),
+        "seed": int(getattr(cfg, "seed", 0) or 0),
+        "logprobs_mode": "raw_logprobs",
         # Sleep mode (weights offloaded, KV cache dropped while the actor trains on the same
         # GPU) is a CUDA feature; the CPU build rejects it.
-        enable_sleep_mode=torch.cuda.is_available(),
-    )
+        "enable_sleep_mode": torch.cuda.is_available(),
+    }
     if in_process:
         kw["distributed_executor_backend"] = "uni"
     if getattr(cfg, "max_model_len", None):
@@ -129,15 +129,15 @@ class VLLMBackend(GenerationBackend):
             detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
             for i in range(n_prompts)]
 
-    def generate(self, prompt_ids: List[List[int]], *, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int, greedy: bool = False) -> List[Generation]:
+    def generate(self, prompt_ids: list[list[int]], *, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int, greedy: bool = False) -> list[Generation]:
         """See :meth:`GenerationBackend.generate`; ``greedy`` decodes by argmax."""
         gens = list(self.generate_stream(prompt_ids, max_new_tokens=max_new_tokens,
                                          temperature=temperature, top_p=top_p, seed=seed,
                                          greedy=greedy))
         return sorted(gens, key=lambda g: g.index)
 
-    def generate_stream(self, prompt_ids: List[List[int]], *, max_new_tokens: int,
+    def generate_stream(self, prompt_ids: list[list[int]], *, max_new_tokens: int,
                         temperature: float, top_p: float, seed: int,
                         greedy: bool = False) -> Iterator[Generation]:
         """See :meth:`GenerationBackend.generate_stream`: steps the engine and yields each
@@ -184,7 +184,7 @@ class VLLMBackend(GenerationBackend):
                 engine.abort_request(list(pending))
 
     # ---- scoring -------------------------------------------------------------------------
-    def score(self, sequences: List[List[int]], prompt_lens: List[int]) -> List[List[float]]:
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """See :meth:`GenerationBackend.score` (one prefill per sequence, prompt log-probs)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -205,7 +205,7 @@ class VLLMBackend(GenerationBackend):
                 for o, s, p in zip(outs, sequences, prompt_lens)]
 
     # ---- weights -------------------------------------------------------------------------
-    def update_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load ``state_dict`` (HF names, e.g. an actor's ``state_dict()``) into the running
         engine and set :attr:`version`; no restart. Tied ``lm_head.weight`` is skipped by
         vLLM's loader. Raises whatever vLLM's loader raises for unknown names or shapes."""
@@ -214,8 +214,8 @@ class VLLMBackend(GenerationBackend):
         weights = [(k, v.detach().to("cpu", copy=False).contiguous())
                    for k, v in state_dict.items()]
         if self._in_process:
-            self.llm.collective_rpc("reload_weights", kwargs=dict(
-                weights_iterator=weights, is_checkpoint_format=True))
+            self.llm.collective_rpc("reload_weights", kwargs={
+                "weights_iterator": weights, "is_checkpoint_format": True})
         else:
             from safetensors.torch import save
 

@@ -13,7 +13,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM lives in .venv-vllm (scripts/setup.sh section 4)")
 
-import torch  # noqa: E402
+import torch
 
 pytestmark = pytest.mark.vllm
 
@@ -131,7 +131,7 @@ def test_weight_sync_logprobs_match_actor_and_generation(setup):
 def test_sampling_seeded_and_streamed(setup):
     backend, _, tok = setup
     prompts = [tok.encode(q) for q in ("1+2=", "9-3=", "4+15=", "6-6=", "2+2=", "8+1=")]
-    kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=11)
+    kw = {"max_new_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 11}
     a = backend.generate(prompts, **kw)
     b = backend.generate(prompts, **kw)
     assert [g.response_ids for g in a] == [g.response_ids for g in b]
