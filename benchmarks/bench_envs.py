@@ -57,7 +57,7 @@ def _rate(step, actions: np.ndarray, warmup: int, pids=()) -> tuple:
 
 def bench_maniskill(num_envs: int, steps: int, rounds: int) -> dict:
     """Best-of-``rounds`` rates, the three setups interleaved (the CPUs may be shared)."""
-    from rlinf_embodied.config import ManiSkillEnvConfig
+    from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
     from rlinf_embodied.envs.maniskill import _make
     from rlinf_embodied.envs.registry import make_env
 

@@ -26,7 +26,7 @@ from rlinf_embodied.policies.base import SpaceSpec
 from rlinf_embodied.policies.openvla import OpenVLAPolicy
 from rlinf_embodied.policies.openvla_oft import OpenVLAOFTPolicy
 
-from rlinf_embodied.config import OpenVLAOFTPolicyConfig, OpenVLAPolicyConfig
+from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig, OpenVLAPolicyConfig
 
 IMAGE = 128
 SPEC = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8,

@@ -52,7 +52,7 @@ def single_process_steps_per_s(cfg) -> float:
     from rlinf_embodied.envs import make_env
     from rlinf_embodied.policies import build_policy
     from rlinf_embodied.policies.base import SpaceSpec
-    from rlinf_embodied.workers.actor_worker import update_policy
+    from rlinf_embodied.algorithms.update import update_policy
 
     torch.set_num_threads(1)
     env = make_env(cfg.env)

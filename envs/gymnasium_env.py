@@ -140,7 +140,7 @@ class GymSubBatch(SubBatch):
     """M gymnasium envs in one process, stepped one after another.
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.GymEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_gym.GymEnvConfig`.
         env_ids: global env indices hosted here.
         device: unused (gymnasium envs run on the CPU).
     """
@@ -202,7 +202,7 @@ class GymnasiumEnv(VectorBatchedEnv):
     """N gymnasium envs (``env.type=gym``), in-process (``sync``) or in a pool (``async``).
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.GymEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_gym.GymEnvConfig`.
 
     Raises:
         ValueError: unknown id, unsupported spaces, image/state keys not in the observation.

@@ -177,7 +177,7 @@ class LiberoSubBatch(SubBatch):
     """M LIBERO envs (robosuite + MuJoCo) in one process, stepped one after another.
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.LiberoEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_libero.LiberoEnvConfig`.
         env_ids: global env indices hosted here; env g runs task ``cfg.task_ids[g % len]``.
         device: the worker's GPU (EGL rendering on it), or None (CPU rendering).
 
@@ -322,7 +322,7 @@ class LiberoEnv(VectorBatchedEnv):
     ``max_episode_steps`` defaults to the suite's openvla_v1 limit (:data:`SUITE_MAX_STEPS`).
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.LiberoEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_libero.LiberoEnvConfig`.
 
     Raises:
         ValueError: a task id outside the suite (checked here, before any worker starts).

@@ -143,7 +143,7 @@ class ManiSkillSubBatch(SubBatch):
     """M single-env physx_cpu ManiSkill instances in one process, stepped one after another.
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.ManiSkillEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_maniskill.ManiSkillEnvConfig`.
         env_ids: global env indices hosted here.
         device: the worker's GPU (renders on it when present), or None (CPU rendering with
             ``obs_mode=rgb``; no renderer at all for ``state``).
@@ -262,7 +262,7 @@ class ManiSkillEnv(VectorBatchedEnv):
     """N ManiSkill3 envs (``env.type=maniskill``); GPU physics on CUDA machines.
 
     Args:
-        cfg: a :class:`~rlinf_embodied.config.ManiSkillEnvConfig`.
+        cfg: a :class:`~rlinf_embodied.envs.configuration_maniskill.ManiSkillEnvConfig`.
 
     Raises:
         ValueError: unknown env id (with close matches), or ``physx_cuda`` without a GPU.

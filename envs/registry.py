@@ -1,9 +1,10 @@
 """Env registry: named envs and adapters by string entry points, imported lazily.
 
-Two tables:
+Adapters, one per ``env.type`` (``maniskill``, ``libero``, ``gym``; the
+:class:`~rlinf_embodied.envs.base.BatchedEnv` class built from an EnvConfig of that type), are
+registered with their config dataclass in :mod:`rlinf_embodied.components`; a user's own adapter
+needs no registration (``env.type: package.module:Class``). This module keeps
 
-* **adapters**, one per ``env.type`` (``maniskill``, ``libero``, ``gym``): the
-  :class:`~rlinf_embodied.envs.base.BatchedEnv` class built from an EnvConfig of that type;
 * **named envs** (``register_env``), e.g. ``maniskill/PushCube-v1``: an adapter entry point plus
   config defaults and a one-line description, listed by ``rlinf-embodied envs list``.
 
@@ -23,6 +24,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from rlinf_embodied import components
+
 __all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "EnvEntry"]
 
 
@@ -37,18 +40,16 @@ class EnvEntry:
 
 
 _ENVS: Dict[str, EnvEntry] = {}
-_ADAPTERS: Dict[str, Tuple[str, str]] = {}  # type -> (entry point, description)
 
 
-def register_adapter(type_name: str, entry_point: str, description: str = "") -> None:
-    """Register the BatchedEnv class that ``env.type=type_name`` configs build.
+def register_adapter(type_name: str, config, impl, description: str = "") -> None:
+    """Register the BatchedEnv class ``impl`` and its config dataclass ``config`` (classes or
+    ``"module:Class"`` strings) as ``env.type=type_name``; see :mod:`rlinf_embodied.components`.
 
-    Args:
-        type_name: the config ``type`` (a variant registered with ``register_config("env", ...)``).
-        entry_point: ``"package.module:Class"``; ``Class(cfg)`` builds the env.
-        description: one line for ``rlinf-embodied envs list``.
+    Raises:
+        ValueError: if ``type_name`` is already registered with other classes.
     """
-    _ADAPTERS[type_name] = (entry_point, description)
+    components.register_type("env", type_name, config=config, impl=impl, description=description)
 
 
 def register_env(id: str, entry_point: str = "", description: str = "", **defaults: Any) -> None:
@@ -77,11 +78,6 @@ def env_ids() -> List[str]:
     return sorted(_ENVS)
 
 
-def _load(entry_point: str) -> Any:
-    module, _, attr = entry_point.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _unknown(kind: str, name: str, known: List[str], fix: str) -> KeyError:
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -102,7 +98,8 @@ def make_env(cfg: Any, **overrides: Any):
         ``cfg.video`` is set.
 
     Raises:
-        KeyError: unknown id or env type (with close matches).
+        KeyError: unknown env id (with close matches).
+        rlinf_embodied.config.ConfigError: unknown env type (with the valid ones).
         rlinf_embodied.config.ConfigError: invalid field values.
     """
     from rlinf_embodied.config import config_class
@@ -119,12 +116,12 @@ def make_env(cfg: Any, **overrides: Any):
         entry_point = entry.entry_point
     elif overrides:
         cfg = dataclasses.replace(cfg, **overrides)
-    if not entry_point:
-        if cfg.type not in _ADAPTERS:
-            raise _unknown("env type", cfg.type, sorted(_ADAPTERS),
-                           "Set env.type to one of the adapters.")
-        entry_point = _ADAPTERS[cfg.type][0]
-    env = _load(entry_point)(cfg)
+    if entry_point:
+        module, _, attr = entry_point.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    else:
+        cls = components.impl_class("env", cfg.type)
+    env = cls(cfg)
     if getattr(cfg, "video", False):
         from .wrappers.video import VideoRecorder
 
@@ -140,22 +137,15 @@ def describe_envs() -> List[Tuple[str, str]]:
     """
     rows = [(e.id, e.description) for e in sorted(_ENVS.values(), key=lambda e: e.id)]
     patterns = {"maniskill": "maniskill/<any ManiSkill3 id>", "gym": "gym/<any gymnasium id or module:Class>"}
-    for type_name, (_, description) in sorted(_ADAPTERS.items()):
-        if type_name in patterns:
-            rows.append((patterns[type_name], description))
+    for t in components.types("env"):
+        if t.name in patterns:
+            rows.append((patterns[t.name], t.description))
     return rows
 
 
 # --------------------------------------------------------------------------------------------
 # Built-in registrations (strings only: nothing is imported here)
 # --------------------------------------------------------------------------------------------
-register_adapter("maniskill", "rlinf_embodied.envs.maniskill:ManiSkillEnv",
-                 "env.type=maniskill env.env_id=<id>: SAPIEN GPU physics on CUDA, physx_cpu pool otherwise")
-register_adapter("libero", "rlinf_embodied.envs.libero:LiberoEnv",
-                 "env.type=libero env.suite=<suite> env.task_ids=[...]")
-register_adapter("gym", "rlinf_embodied.envs.gymnasium_env:GymnasiumEnv",
-                 "env.type=gym env.env_id=<id or module:Class> env.kwargs={...}")
-
 _MANISKILL = {
     "PushCube-v1": "push a cube to a goal region (ManiSkill3, Panda)",
     "PickCube-v1": "pick up a cube and move it to a goal position (ManiSkill3, Panda)",

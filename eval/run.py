@@ -212,7 +212,7 @@ class _LiberoFamily(_Family):
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        from rlinf_embodied.config import LiberoEnvConfig
+        from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
 
         p = self.protocol
         values = dict(
@@ -289,7 +289,7 @@ class _ManiSkillFamily(_SeededFamily):
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        from rlinf_embodied.config import ManiSkillEnvConfig
+        from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
 
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
@@ -305,7 +305,7 @@ class _GymFamily(_SeededFamily):
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        from rlinf_embodied.config import GymEnvConfig
+        from rlinf_embodied.envs.configuration_gym import GymEnvConfig
 
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       vectorization="async" if num_processes > 0 else "sync",

@@ -61,7 +61,7 @@ class GoalSeekEnv(gym.Env):
 
 
 def main() -> None:
-    from rlinf_embodied.config import GymEnvConfig
+    from rlinf_embodied.envs.configuration_gym import GymEnvConfig
     from rlinf_embodied.envs import make_env
 
     cfg = GymEnvConfig(

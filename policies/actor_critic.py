@@ -21,7 +21,7 @@ from rlinf_embodied.policies.base import (
 from rlinf_embodied.policies.heads import layer_init, make_action_head, make_mlp
 from torch import nn
 
-from rlinf_embodied.config import ActorCriticPolicyConfig
+from rlinf_embodied.policies.configuration_actor_critic import ActorCriticPolicyConfig
 
 __all__ = ["ACTION_SAMPLES", "ActorCriticPolicy"]
 

@@ -18,7 +18,7 @@ from rlinf_embodied.policies.actor_critic import ActorCriticPolicy
 from rlinf_embodied.policies.base import SpaceSpec, obs_tensor
 from torch import nn
 
-from rlinf_embodied.config import CNNPolicyConfig
+from rlinf_embodied.policies.configuration_actor_critic import CNNPolicyConfig
 
 __all__ = ["CNNPolicy"]
 
@@ -83,7 +83,7 @@ class CNNPolicy(ActorCriticPolicy):
     """Image-based actor-critic (``policy.type: cnn``).
 
     Args:
-        config: :class:`~rlinf_embodied.config.CNNPolicyConfig`.
+        config: :class:`~rlinf_embodied.policies.configuration_actor_critic.CNNPolicyConfig`.
         spec: needs ``image_shape``; ``wrist_image_shape`` and ``state_dim`` are used when set
             (and enabled in the config).
 

@@ -15,7 +15,7 @@ from rlinf_embodied.policies.actor_critic import ActorCriticPolicy
 from rlinf_embodied.policies.base import SpaceSpec, obs_tensor
 from torch import nn
 
-from rlinf_embodied.config import MLPPolicyConfig
+from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 
 __all__ = ["MLPPolicy"]
 
@@ -31,7 +31,7 @@ class MLPPolicy(ActorCriticPolicy):
     """State-based actor-critic (``policy.type: mlp``).
 
     Args:
-        config: :class:`~rlinf_embodied.config.MLPPolicyConfig`.
+        config: :class:`~rlinf_embodied.policies.configuration_actor_critic.MLPPolicyConfig`.
         spec: needs ``state_dim > 0``.
 
     Raises:

@@ -23,7 +23,7 @@ from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, ch
 from rlinf_embodied.policies.prismatic import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase
 
-from rlinf_embodied.config import OpenVLAPolicyConfig
+from rlinf_embodied.policies.configuration_openvla import OpenVLAPolicyConfig
 
 __all__ = ["OpenVLAPolicy"]
 
@@ -34,7 +34,7 @@ class OpenVLAPolicy(VLAPolicyBase):
     Observation keys: ``main_images`` (N, H, W, 3) uint8 and ``task_descriptions``.
 
     Args:
-        config: :class:`~rlinf_embodied.config.OpenVLAPolicyConfig`.
+        config: :class:`~rlinf_embodied.policies.configuration_openvla.OpenVLAPolicyConfig`.
         spec: the env's spaces (A must match the checkpoint's statistics).
     """
 

@@ -40,7 +40,7 @@ from rlinf_embodied.policies.prismatic import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase, gaussian_logprob_entropy
 from torch import nn
 
-from rlinf_embodied.config import OpenVLAOFTPolicyConfig
+from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig
 
 __all__ = ["L1RegressionActionHead", "MLPResNet", "OpenVLAOFTPolicy", "ProprioProjector", "load_oft_head"]
 
@@ -140,7 +140,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
     ``policy.use_wrist_image``; ``states`` (N, proprio_dim) if ``policy.use_proprio``.
 
     Args:
-        config: :class:`~rlinf_embodied.config.OpenVLAOFTPolicyConfig`.
+        config: :class:`~rlinf_embodied.policies.configuration_openvla.OpenVLAOFTPolicyConfig`.
         spec: the env's spaces.
 
     Raises:

@@ -1,7 +1,8 @@
 """Policy registry by ``policy.type``, and checkpoint save/load in safetensors.
 
-Built-in types are registered as ``"module:Class"`` strings so that importing this package
-never imports a large model's dependencies (``openvla`` pulls transformers only when built).
+Policy types (config dataclass + class) are registered in :mod:`rlinf_embodied.components` as
+``"module:Class"`` strings, so importing this package never imports a large model's dependencies
+(``openvla`` pulls transformers only when built).
 
 Checkpoint directory layout::
 
@@ -16,7 +17,6 @@ Every file is written to a temporary file in the same directory, then renamed ov
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from rlinf_embodied.policies.base import Policy, SpaceSpec
 from safetensors.torch import load_file, save_file
 
 from rlinf_embodied.checkpoint import atomic_write, atomic_write_text
+from rlinf_embodied import components
 from rlinf_embodied.config import ConfigError, PolicyConfig, config_class, load_config, to_yaml
 
 __all__ = [
@@ -45,64 +46,36 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "policy.yaml"
 SPEC_FILE = "spec.yaml"
 
-_POLICIES: dict[str, str | type] = {
-    "mlp": "rlinf_embodied.policies.mlp:MLPPolicy",
-    "cnn": "rlinf_embodied.policies.cnn:CNNPolicy",
-    "openvla": "rlinf_embodied.policies.openvla:OpenVLAPolicy",
-    "openvla_oft": "rlinf_embodied.policies.openvla_oft:OpenVLAOFTPolicy",
-}
-
 
 class PolicyCheckpointError(ValueError):
     """A policy checkpoint is missing, incomplete, or does not fit the requested policy."""
 
 
-def register_policy(type_name: str, target: str | type | None = None):
-    """Register a :class:`Policy` subclass (or a lazy ``"module:Class"`` string) as ``type_name``.
-
-    Usable as ``register_policy("openvla", "rlinf_embodied.policies.openvla:OpenVLAPolicy")``
-    or as a class decorator ``@register_policy("mine")``. The config dataclass of the type is
-    registered separately with ``@register_config("policy", type_name)``.
+def register_policy(type_name: str, config, impl, description: str = "") -> None:
+    """Register a policy type: its config dataclass and :class:`Policy` class (or
+    ``"module:Class"`` strings). Built-in types are registered in
+    :mod:`rlinf_embodied.components`; a user's own policy needs no registration
+    (``policy.type: package.module:Class``).
 
     Raises:
-        ValueError: if ``type_name`` is already registered to a different target.
+        ValueError: if ``type_name`` is already registered with other classes.
     """
-
-    def add(t: str | type):
-        if type_name in _POLICIES and _POLICIES[type_name] is not t and _POLICIES[type_name] != t:
-            raise ValueError(
-                f"policy type {type_name!r} is already registered ({_POLICIES[type_name]})."
-            )
-        _POLICIES[type_name] = t
-        return t
-
-    if target is not None:
-        add(target)
-        return None
-    return add
+    components.register_type("policy", type_name, config=config, impl=impl,
+                             description=description)
 
 
 def policy_types() -> list[str]:
     """Sorted names of the registered policy types."""
-    return sorted(_POLICIES)
+    return components.type_names("policy")
 
 
 def policy_class(type_name: str) -> type:
     """The :class:`Policy` subclass of ``type_name`` (imports it on first use).
 
     Raises:
-        ValueError: for an unknown type, listing the valid ones.
+        ConfigError: for an unknown type, listing the valid ones.
     """
-    if type_name not in _POLICIES:
-        raise ValueError(
-            f"Unknown policy.type {type_name!r}. Valid types: {', '.join(policy_types())}."
-        )
-    target = _POLICIES[type_name]
-    if isinstance(target, str):
-        module, _, name = target.partition(":")
-        target = getattr(importlib.import_module(module), name)
-        _POLICIES[type_name] = target
-    return target
+    return components.impl_class("policy", type_name)
 
 
 def _as_config_class(cfg: PolicyConfig, cls: type) -> PolicyConfig:

@@ -50,7 +50,7 @@ from rlinf_embodied.policies.prismatic import (
 from rlinf_embodied.policies.value_head import ValueHead
 from torch import nn
 
-from rlinf_embodied.config import VLAPolicyConfig
+from rlinf_embodied.policies.configuration_openvla import VLAPolicyConfig
 
 __all__ = ["VLAPolicyBase"]
 
@@ -59,7 +59,7 @@ class VLAPolicyBase(Policy):
     """Base of the OpenVLA policies; subclasses implement ``act`` and ``evaluate``.
 
     Args:
-        config: a :class:`~rlinf_embodied.config.VLAPolicyConfig` subclass.
+        config: a :class:`~rlinf_embodied.policies.configuration_openvla.VLAPolicyConfig` subclass.
         spec: the env's spaces; its action dim must equal the statistics' (7 for LIBERO).
         proprio_dim: S of the proprio statistics to create for a random ``preset`` (OFT).
 

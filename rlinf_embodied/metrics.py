@@ -87,6 +87,8 @@ class MetricLogger:
             ("rollout/success_once", "succ"),
             ("rollout/episode_return", "ret"),
             ("eval/success_once", "eval_succ"),
+            ("rollout/reward", "reward"),
+            ("eval/reward", "eval_reward"),
             ("time/env_steps_per_s", "steps/s"),
             ("train/policy_loss", "pi_loss"),
             ("train/approx_kl", "kl"),

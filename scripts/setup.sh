@@ -86,7 +86,8 @@ source scripts/uv_env.sh
 
 # ---- 3. this clone's virtual environment ---------------------------------------------------
 LOCK=requirements.lock
-want=$(cat "$LOCK" | sha256sum | cut -c1-16)
+# The stamp covers the lock (packages) and pyproject.toml (the editable install's package map).
+want=$(cat "$LOCK" pyproject.toml | sha256sum | cut -c1-16)
 if [ -L .venv ]; then
   say "replacing the .venv link (shared venv of older versions) with this clone's own venv"
   rm -f .venv

@@ -4,16 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_embodied.config import (
-    ConfigError,
-    GymEnvConfig,
-    JobConfig,
-    LiberoEnvConfig,
-    ManiSkillEnvConfig,
-    load_config,
-    save_config,
-    to_yaml,
-)
+from rlinf_embodied.config import ConfigError, JobConfig, load_config, save_config, to_yaml
+from rlinf_embodied.envs.configuration_gym import GymEnvConfig
+from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
+from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -116,5 +110,7 @@ def test_save_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
-    cfg = load_config(path)
-    assert isinstance(cfg, JobConfig)
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig, load_job_config
+
+    cfg = load_job_config(path)
+    assert isinstance(cfg, ReasoningJobConfig if path.name.startswith("reasoning_") else JobConfig)

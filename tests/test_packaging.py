@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {"rlinf_embodied": "rlinf_embodied", "rlinf_embodied.envs": "envs",
-           "rlinf_embodied.policies": "policies", "rlinf_embodied.eval": "eval"}
+           "rlinf_embodied.policies": "policies", "rlinf_embodied.eval": "eval",
+           "rlinf_embodied.configs": "configs"}
 
 
 @pytest.mark.parametrize("name", sorted(MAPPING))
@@ -37,3 +38,34 @@ def test_importing_core_imports_no_simulator_or_model():
             "'timm','ray') if m in sys.modules]; print(bad); assert not bad, bad")
     import subprocess
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_wheel_installed_outside_the_repo_shows_a_shipped_config(tmp_path):
+    """A wheel (not the editable clone) carries the YAML files: `config show` of a shipped config
+    by name works from another directory, and its placement resolves inside the package."""
+    import subprocess
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True, cwd=tmp_path,
+                   capture_output=True)
+    (wheel,) = wheels.glob("rlinf_embodied-*.whl")
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True)
+    code = (
+        "import rlinf_embodied, sys; from pathlib import Path;"
+        f"assert Path(rlinf_embodied.__file__).is_relative_to({str(target)!r}), rlinf_embodied.__file__;"
+        "from rlinf_embodied.runners.setup import resolve_placement;"
+        "print(resolve_placement('collocated'));"
+        "from rlinf_embodied.cli import app; sys.argv=['rlinf-embodied','config','show',"
+        "'maniskill_pushcube_ppo_mlp','env.num_envs=4']; app()"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == str(target / "rlinf_embodied" / "configs" / "placement" / "collocated.yaml")
+    assert "num_envs: 4" in out.stdout and "env_id: PushCube-v1" in out.stdout

@@ -2,15 +2,17 @@
 
 Importing this package registers every built-in estimator, loss and filter:
 
-- advantages (``algorithm.advantage``): ``gae``, ``grpo``, ``reinforce_pp``;
-- losses (``algorithm.loss``): ``ppo``;
+- advantages (``algorithm.advantage``): ``gae``, ``grpo``, ``reinforce_pp``, each
+  ``fn(RolloutBatch, AlgorithmConfig) -> Advantages``;
+- losses (``algorithm.loss``): ``ppo``, ``fn(LossBatch, AlgorithmConfig) -> (loss, metrics)``;
 - filters: ``dynamic_sampling``.
 """
 
 from rlinf_embodied.algorithms import advantages, dapo, filters, losses  # noqa: F401  (registration)
 from rlinf_embodied.algorithms.advantages import gae, grpo, reinforce_pp
+from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.filters import dynamic_sampling
-from rlinf_embodied.algorithms.losses import k3_kl, ppo_loss, ppo_policy_loss, value_loss
+from rlinf_embodied.algorithms.losses import k3_kl, ppo_loss, ppo_objective, ppo_policy_loss, value_loss
 from rlinf_embodied.algorithms.registry import (
     advantage_names,
     filter_names,
@@ -24,6 +26,10 @@ from rlinf_embodied.algorithms.registry import (
 )
 
 __all__ = [
+    "Advantages",
+    "LossBatch",
+    "RolloutBatch",
+    "ppo_objective",
     "advantage_names",
     "dynamic_sampling",
     "filter_names",

@@ -12,18 +12,21 @@ Row t+1 of ``values`` is then the value of the final observation, which is exact
 truncation bootstrap. Under SAME_STEP the next row already belongs to the new episode, so the
 caller passes ``final_values`` (the value of each truncated step's final observation).
 
-Every estimator returns ``(advantages, returns)`` of the rewards' shape; invalid entries are 0
-in ``advantages`` (and must be masked out of the loss by the caller).
+The math functions (:func:`gae`, :func:`grpo`, :func:`reinforce_pp`) return ``(advantages,
+returns)`` of the rewards' shape; invalid entries are 0 in ``advantages`` (and must be masked out
+of the loss by the caller). The registered estimators (``gae``, ``grpo``, ``reinforce_pp``) wrap
+them in the one signature of batch.py: ``fn(RolloutBatch, AlgorithmConfig) -> Advantages``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlinf_embodied.algorithms.registry import register_advantage
+from rlinf_embodied.algorithms.batch import Advantages, RolloutBatch
+from rlinf_embodied.algorithms.registry import get_filter, register_advantage
 from rlinf_embodied.algorithms.utils import group_index, group_mean
 
-__all__ = ["gae", "grpo", "reinforce_pp"]
+__all__ = ["gae", "gae_estimator", "grpo", "grpo_estimator", "reinforce_pp", "reinforce_pp_estimator"]
 
 Tensor = torch.Tensor
 
@@ -45,7 +48,6 @@ def _valid(valid: Tensor | None, like: Tensor) -> Tensor:
     return _flags(valid, like, "valid")
 
 
-@register_advantage("gae")
 def gae(
     rewards: Tensor,
     values: Tensor,
@@ -127,7 +129,6 @@ def gae(
     return advantages, advantages + v
 
 
-@register_advantage("grpo")
 def grpo(
     rewards: Tensor,
     groups: int | Tensor,
@@ -183,7 +184,6 @@ def grpo(
     return torch.where(ok, adv.expand_as(rewards), 0.0), scores.expand_as(rewards).clone()
 
 
-@register_advantage("reinforce_pp")
 def reinforce_pp(
     rewards: Tensor,
     terminations: Tensor,
@@ -234,3 +234,65 @@ def reinforce_pp(
     std = (((returns - mean) ** 2 * okf).sum() / count).sqrt()
     advantages = torch.where(ok, (returns - mean) / (std + eps), 0.0)
     return advantages, returns
+
+
+# --------------------------------------------------------------------------------------------
+# Registered estimators: ``fn(RolloutBatch, AlgorithmConfig) -> Advantages`` (batch.py)
+# --------------------------------------------------------------------------------------------
+@register_advantage("gae")
+def gae_estimator(batch: RolloutBatch, cfg) -> Advantages:
+    """:func:`gae` on a rollout (``algorithm.gamma``, ``gae_lambda``, ``bootstrap_terminations``,
+    ``normalize_advantages``).
+
+    With ``bootstrap_terminations`` every episode end bootstraps from its final observation's
+    value (terminations are treated as truncations), as ManiSkill's PPO baselines do.
+
+    Raises:
+        ValueError: if the batch has no critic values (use a critic-free estimator).
+    """
+    if batch.values is None:
+        raise ValueError(
+            "algorithm.advantage=gae needs critic values; build the policy with a critic "
+            "(policy.critic=true) or use advantage grpo or reinforce_pp."
+        )
+    term, trunc = batch.terminations, batch.truncations
+    if cfg.bootstrap_terminations:
+        term, trunc = torch.zeros_like(term), term | trunc
+    adv, ret = gae(batch.rewards, batch.values, term, trunc, valid=batch.valid,
+                   gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+    return Advantages(adv, ret, batch.valid, minibatch_normalize=cfg.normalize_advantages)
+
+
+@register_advantage("grpo")
+def grpo_estimator(batch: RolloutBatch, cfg) -> Advantages:
+    """:func:`grpo` over the rollout's groups (``batch.group_ids``; each env column is one
+    episode), with DAPO dynamic sampling when ``algorithm.filter_low`` / ``filter_high`` is set:
+    groups whose success rate lies outside the band are dropped from ``valid``.
+
+    Raises:
+        ValueError: if the batch has no ``group_ids``, or dynamic sampling is asked for without
+            ``success``.
+    """
+    if batch.group_ids is None:
+        raise ValueError("algorithm.advantage=grpo needs group ids (envs sharing a reset seed).")
+    adv, ret = grpo(batch.rewards, batch.group_ids, valid=batch.valid,
+                    std_normalize=cfg.grpo_std_normalize)
+    valid = batch.valid
+    if cfg.filter_low is not None or cfg.filter_high is not None:
+        if batch.success is None:
+            raise ValueError("algorithm.filter_low/high need per-step success in the rollout.")
+        keep = get_filter("dynamic_sampling")(
+            batch.success.any(0).float(), batch.group_ids,
+            low=0.0 if cfg.filter_low is None else cfg.filter_low,
+            high=1.0 if cfg.filter_high is None else cfg.filter_high,
+        )
+        valid = valid & keep.bool().unsqueeze(0)
+    return Advantages(adv, ret, valid)
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_estimator(batch: RolloutBatch, cfg) -> Advantages:
+    """:func:`reinforce_pp` on a rollout (``algorithm.gamma``)."""
+    adv, ret = reinforce_pp(batch.rewards, batch.terminations, batch.truncations,
+                            valid=batch.valid, gamma=cfg.gamma)
+    return Advantages(adv, ret, batch.valid)

@@ -3,9 +3,11 @@
 Shapes: B responses, R response positions (right-padded; ``mask`` (B, R) bool marks real
 tokens). Advantages are per response (B,) and broadcast over its tokens.
 
-- ``ppo_token`` loss: clipped surrogate per token with clip-higher and a choice of loss
+- ``ppo_token`` loss (:func:`ppo_token_objective`, the one loss signature of batch.py on a
+  :class:`TokenLossBatch`): clipped surrogate per token with clip-higher and a choice of loss
   aggregation (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
-  Scale", sections 3.1 and 3.3), optional k3 KL to a reference model and entropy bonus.
+  Scale", sections 3.1 and 3.3), optional k3 KL to a reference model and entropy bonus; the
+  math is :func:`ppo_token_loss`.
 - ``nonuniform_groups`` filter: dynamic sampling (DAPO section 3.2), keep groups whose rewards
   are not all equal.
 - ``complete`` filter: overlong filtering (DAPO section 3.4), drop truncated responses.
@@ -14,13 +16,17 @@ tokens). Advantages are per response (B,) and broadcast over its tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
+from rlinf_embodied.algorithms.batch import LossBatch
 from rlinf_embodied.algorithms.losses import k3_kl
 from rlinf_embodied.algorithms.registry import register_filter, register_loss
 from rlinf_embodied.algorithms.utils import group_index, group_mean
 
-__all__ = ["aggregate_token_loss", "ppo_token_loss", "nonuniform_groups", "complete_responses",
+__all__ = ["TokenLossBatch", "aggregate_token_loss", "ppo_token_loss", "ppo_token_objective", "nonuniform_groups", "complete_responses",
            "overlong_reward_penalty", "LOSS_AGGREGATIONS"]
 
 Tensor = torch.Tensor
@@ -64,7 +70,21 @@ def aggregate_token_loss(losses: Tensor, mask: Tensor, mode: str,
     return total / (den.clamp_min(1.0) if isinstance(den, Tensor) else max(float(den), 1.0))
 
 
-@register_loss("ppo_token")
+@dataclass
+class TokenLossBatch(LossBatch):
+    """A :class:`~rlinf_embodied.algorithms.batch.LossBatch` of B responses with (B, R) log-probs
+    and mask, plus the aggregation denominator.
+
+    Attributes:
+        denominator: tokens (``token_mean``) or responses (the ``seq_mean_*`` modes) of the
+            whole minibatch over all data-parallel ranks, so that micro-batch losses add up to
+            the minibatch mean; None uses this batch's own count.
+    """
+
+    granularity: str = "token"
+    denominator: Optional[float] = None
+
+
 def ppo_token_loss(
     *,
     logprobs: Tensor,
@@ -133,6 +153,19 @@ def ppo_token_loss(
         metrics["entropy"] = ent.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics
+
+
+@register_loss("ppo_token")
+def ppo_token_objective(batch: LossBatch, cfg) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`ppo_token_loss` on a :class:`TokenLossBatch` with ``cfg``'s (a reasoning
+    AlgorithmConfig) ``clip_ratio_low``, ``clip_ratio_high``, ``loss_agg``, ``kl_coef`` and
+    ``entropy_coef``."""
+    return ppo_token_loss(
+        logprobs=batch.logprobs, old_logprobs=batch.old_logprobs, advantages=batch.advantages,
+        mask=batch.mask, ref_logprobs=batch.ref_logprobs, entropy=batch.entropy,
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+        loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef,
+        denominator=getattr(batch, "denominator", None))
 
 
 @register_filter("nonuniform_groups")

@@ -7,7 +7,8 @@ the log-probs over the finer dims. Advantages and masks are given per query (B,)
 leading dims of the ratio's shape and are broadcast over the rest. Losses average over valid
 entries (a token-level ratio is therefore a token mean, as in DAPO).
 
-Every loss returns ``(loss, metrics)``: a scalar tensor to minimise, and a dict of detached
+The registered loss ``ppo`` (:func:`ppo_objective`) has the one signature of batch.py,
+``fn(LossBatch, AlgorithmConfig)``. Every loss returns ``(loss, metrics)``: a scalar tensor to minimise, and a dict of detached
 scalar tensors (no ``.item()``, so no device sync inside the loss).
 """
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from rlinf_embodied.algorithms.batch import LossBatch
 from rlinf_embodied.algorithms.registry import register_loss
 from rlinf_embodied.algorithms.utils import expand_prefix, level_of, masked_mean, sum_to_level
 
-__all__ = ["k3_kl", "ppo_loss", "ppo_policy_loss", "value_loss"]
+__all__ = ["k3_kl", "ppo_loss", "ppo_objective", "ppo_policy_loss", "value_loss"]
 
 Tensor = torch.Tensor
 Metrics = dict[str, Tensor]
@@ -169,7 +171,6 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None) ->
     return masked_mean(torch.exp(d) - d - 1.0, mask)
 
 
-@register_loss("ppo")
 def ppo_loss(
     *,
     logprobs: Tensor,
@@ -255,3 +256,21 @@ def ppo_loss(
         metrics["kl_ref"] = kl.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics
+
+
+@register_loss("ppo")
+def ppo_objective(batch: LossBatch, cfg) -> tuple[Tensor, Metrics]:
+    """:func:`ppo_loss` on a :class:`~rlinf_embodied.algorithms.batch.LossBatch` with the
+    hyperparameters of ``cfg`` (an AlgorithmConfig: clip ratios, dual clip, value clip and
+    coefficient, entropy and KL coefficients). The importance ratio is taken per
+    ``algorithm.ratio_level``, or per entry of the log-probs when it is None.
+    """
+    return ppo_loss(
+        logprobs=batch.logprobs, old_logprobs=batch.old_logprobs, advantages=batch.advantages,
+        mask=batch.mask, entropy=batch.entropy, values=batch.values, returns=batch.returns,
+        old_values=batch.old_values, ref_logprobs=batch.ref_logprobs,
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+        dual_clip=cfg.dual_clip, value_clip=cfg.value_clip, value_coef=cfg.value_coef,
+        entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
+        ratio_level=cfg.ratio_level or batch.granularity,
+    )

@@ -5,11 +5,11 @@ Algorithm math lives in small pure tensor functions (``advantages.py``, ``losses
 (``algorithm.advantage: gae``, ``algorithm.loss: ppo``). The training code looks the function
 up by that name and never branches on it.
 
-Example::
+One signature per kind (:mod:`rlinf_embodied.algorithms.batch`)::
 
-    from rlinf_embodied.algorithms import get_advantage
-    advantages, returns = get_advantage("gae")(rewards=r, values=v, terminations=term,
-                                               gamma=0.99, gae_lambda=0.95)
+    from rlinf_embodied.algorithms import RolloutBatch, get_advantage, get_loss
+    adv = get_advantage(cfg.algorithm.advantage)(RolloutBatch.from_trajectories(traj), cfg.algorithm)
+    loss, metrics = get_loss(cfg.algorithm.loss)(loss_batch, cfg.algorithm)
 """
 
 from __future__ import annotations
@@ -81,12 +81,12 @@ _ADVANTAGES = _Registry("advantage", "algorithm.advantage")
 _LOSSES = _Registry("loss", "algorithm.loss")
 _FILTERS = _Registry("filter", "the filter name")
 
-# Advantage estimators: ``fn(...) -> (advantages, returns)``.
+# Advantage estimators: ``fn(RolloutBatch, AlgorithmConfig) -> Advantages``.
 register_advantage = _ADVANTAGES.register
 get_advantage = _ADVANTAGES.get
 advantage_names = _ADVANTAGES.names
 
-# Losses: ``fn(...) -> (loss scalar, metrics dict)``.
+# Losses: ``fn(LossBatch, AlgorithmConfig) -> (loss scalar, metrics dict)``.
 register_loss = _LOSSES.register
 get_loss = _LOSSES.get
 loss_names = _LOSSES.names

@@ -68,6 +68,7 @@ class GenerationBackend(abc.ABC):
         temperature: float,
         top_p: float,
         seed: int,
+        greedy: bool = False,
     ) -> List[Generation]:
         """Sample one response per prompt (B prompts -> B generations, in prompt order).
 
@@ -78,11 +79,14 @@ class GenerationBackend(abc.ABC):
             temperature: sampling temperature (> 0); log-probs are still reported at 1.
             top_p: nucleus mass in (0, 1].
             seed: sampling seed; the same seed, prompts and weights give the same responses.
+            greedy: argmax decoding (evaluation); ``temperature``/``top_p``/``seed`` are then
+                ignored and ``logprobs`` are still those of the temperature-1 distribution.
         """
 
     @abc.abstractmethod
     def generate_stream(self, prompt_ids: List[List[int]], **kwargs) -> Iterator[Generation]:
-        """Like :meth:`generate`, but yield each generation as soon as it finishes.
+        """Like :meth:`generate` (same keyword arguments, ``greedy`` included), but yield each
+        generation as soon as it finishes.
 
         Yields B generations in completion order (``Generation.index`` is the prompt position);
         for the same arguments the multiset of results equals :meth:`generate`'s.

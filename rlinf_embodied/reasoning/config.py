@@ -13,6 +13,8 @@ from typing import Optional
 from rlinf_embodied.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
 
 __all__ = [
+    "is_reasoning_job",
+    "load_job_config",
     "ModelConfig",
     "TaskConfig",
     "ReasoningRolloutConfig",
@@ -147,6 +149,12 @@ class ReasoningAlgorithmConfig:
     (GRPO: mean per response, then over responses) or ``seq_mean_token_sum``."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage)."""
+    filter_low: Optional[float] = None
+    """Success-rate band of the ``grpo`` estimator's own dynamic sampling (a response succeeds
+    when its reward > 0.5): drop groups below this; None = 0. ``dynamic_sampling`` is the
+    reward-based DAPO form."""
+    filter_high: Optional[float] = None
+    """Upper end of that band; None = 1."""
     overlong_filter: bool = False
     """DAPO overlong filtering: truncated responses (finish_reason=length) get no loss."""
     overlong_buffer: int = 0
@@ -244,3 +252,33 @@ class ReasoningJobConfig:
         if self.workflow != "reasoning":
             raise ConfigError(f"workflow must be 'reasoning' in a reasoning job "
                               f"(got {self.workflow!r}).")
+
+
+def is_reasoning_job(path) -> bool:
+    """True when the YAML file at ``path`` says ``workflow: reasoning`` at its top level."""
+    from pathlib import Path
+
+    from omegaconf import DictConfig, OmegaConf
+
+    from rlinf_embodied.config import shipped_config
+
+    p = Path(path)
+    if not p.is_file():
+        p = shipped_config(p)
+        if p is None:
+            return False
+    try:
+        raw = OmegaConf.load(p)
+    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
+        return False
+    return isinstance(raw, DictConfig) and raw.get("workflow") == "reasoning"
+
+
+def load_job_config(path, overrides=None):
+    """:func:`rlinf_embodied.config.load_config` with the schema the file asks for
+    (:class:`ReasoningJobConfig` for ``workflow: reasoning``, else the embodied JobConfig)."""
+    from rlinf_embodied.config import load_config
+
+    if path is not None and is_reasoning_job(path):
+        return load_config(path, overrides, schema=ReasoningJobConfig)
+    return load_config(path, overrides)

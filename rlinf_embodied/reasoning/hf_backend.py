@@ -119,9 +119,10 @@ class HFBackend(GenerationBackend):
                                      self.device)
         return out
 
-    def generate(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed):
+    def generate(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed, greedy=False):
         gens = list(self.generate_stream(prompt_ids, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, top_p=top_p, seed=seed))
+                                         temperature=temperature, top_p=top_p, seed=seed,
+                                         greedy=greedy))
         return sorted(gens, key=lambda g: g.index)
 
     def generate_stream(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed,

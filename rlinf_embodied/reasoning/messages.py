@@ -8,7 +8,7 @@ responses will come.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 __all__ = ["PromptRequest", "Response", "ResponseBatch", "EndOfStream"]
 
@@ -41,6 +41,8 @@ class Response:
             :class:`~rlinf_embodied.reasoning.backends.Generation` (logprobs at temperature 1).
         reward: verifier score (NaN until the reward worker sets it).
         text: decoded response text (set by the reward worker).
+        ref_logprobs: reference-model log-probs of the response tokens (set by the actor as
+            the micro-batch arrives, when ``algorithm.kl_coef > 0``).
     """
 
     group: int
@@ -54,6 +56,7 @@ class Response:
     version: int
     reward: float = float("nan")
     text: str = ""
+    ref_logprobs: Optional[List[float]] = None
 
     def key(self) -> tuple:
         """Order-independent identity (group, sample)."""

@@ -17,7 +17,8 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["Problem", "arithmetic_problems", "load_jsonl", "load_problems", "corpus_text"]
+__all__ = ["Problem", "arithmetic_problems", "load_jsonl", "load_problems", "corpus_text",
+           "format_prompt"]
 
 _SPLIT_OFFSET = {"train": 0, "test": 1}
 
@@ -142,6 +143,16 @@ def load_problems(task, split: str) -> List[Problem]:
     path = task.path if split == "train" else (task.test_path or task.path)
     return load_jsonl(path, task.question_key, task.answer_key,
                       task.num_train if split == "train" else task.num_test)
+
+
+def format_prompt(tokenizer, task, question: str) -> List[int]:
+    """Token ids of ``question`` formatted by ``task.prompt_format`` (and the tokenizer's chat
+    template as one user message when ``task.use_chat_template``)."""
+    text = task.prompt_format.format(question=question)
+    if task.use_chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def corpus_text(problems: List[Problem], prompt_format: str) -> List[str]:

@@ -11,7 +11,6 @@ from rlinf_embodied.config import ConfigError, JobConfig
 __all__ = ["Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
            "validate_job"]
 
-CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 
 
 def resolve_placement(name: str) -> Path:
@@ -23,6 +22,8 @@ def resolve_placement(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
+    from rlinf_embodied.configs import ROOT as CONFIG_ROOT
+
     for root in (Path.cwd() / "configs", CONFIG_ROOT):
         cand = root / "placement" / f"{name}.yaml"
         if cand.exists():

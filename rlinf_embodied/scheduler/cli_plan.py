@@ -43,7 +43,12 @@ def plan_command(
         ValueError: if ``devices`` < 1 or no plan fits in memory.
     """
     from rlinf_embodied.config import load_config
+    from rlinf_embodied.reasoning.config import is_reasoning_job
 
+    if is_reasoning_job(config_path):
+        from rlinf_embodied.scheduler.reasoning import reasoning_plan_command
+
+        return reasoning_plan_command(config_path, devices, as_json, overrides)
     cfg = load_config(config_path, overrides)
     n = devices if devices is not None else _default_devices(cfg)
     profile = profile_for_config(cfg, cfg.run.run_dir())

@@ -109,8 +109,7 @@ class ReasoningRolloutWorker(Worker):
         with self.device_lock():
             gens = list(self.backend.generate_stream(
                 [q.prompt_ids for q in requests], max_new_tokens=max_new_tokens or r.max_new_tokens,
-                temperature=r.temperature, top_p=1.0 if greedy else r.top_p, seed=12345,
-                **({"greedy": True} if greedy else {})))
+                temperature=r.temperature, top_p=r.top_p, seed=12345, greedy=greedy))
         return [Response(requests[g.index].group, requests[g.index].uid, requests[g.index].answer,
                          0, g.prompt_ids, g.response_ids, g.logprobs, g.finish_reason, g.version)
                 for g in sorted(gens, key=lambda g: g.index)]

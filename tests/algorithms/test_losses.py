@@ -137,7 +137,7 @@ def test_ppo_loss_is_the_weighted_sum_of_its_parts():
     entropy = _rand(19, (B, K, A)).abs()
     mask = torch.tensor([True] * 5 + [False] * 2)
     kw = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "ratio_level": "action"}
-    loss, metrics = get_loss("ppo")(
+    loss, metrics = ppo_loss(
         logprobs=logp,
         old_logprobs=old,
         advantages=adv,

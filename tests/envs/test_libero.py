@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_embodied.config import LiberoEnvConfig
+from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
 from rlinf_embodied.envs import make_env
 
 from .conftest import HAS_LIBERO

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_embodied.config import GymEnvConfig, load_config
+from rlinf_embodied.config import load_config
+from rlinf_embodied.envs.configuration_gym import GymEnvConfig
 from rlinf_embodied.envs import AutoresetMode, EnvError, make_env
 
 

@@ -99,7 +99,7 @@ def test_checkpoint_type_and_env_mismatch(tmp_path):
     from rlinf_embodied.policies.base import SpaceSpec
     from rlinf_embodied.policies.registry import build_policy, save_policy
 
-    from rlinf_embodied.config import MLPPolicyConfig
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 
     spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
     save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), tmp_path / "ckpt")

@@ -41,7 +41,7 @@ def test_run_directory_resolves_latest_checkpoint(tmp_path):
     from rlinf_embodied.policies.registry import build_policy, save_policy
 
     from rlinf_embodied.checkpoint import checkpoint_dir
-    from rlinf_embodied.config import MLPPolicyConfig
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 
     spec = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8)
     with pytest.raises(PolicySourceError, match="no complete checkpoint yet"):

@@ -17,7 +17,8 @@ from rlinf_embodied.policies import (
     save_policy,
 )
 
-from rlinf_embodied.config import CNNPolicyConfig, MLPPolicyConfig, PolicyConfig
+from rlinf_embodied.config import PolicyConfig
+from rlinf_embodied.policies.configuration_actor_critic import CNNPolicyConfig, MLPPolicyConfig
 
 N, S = 5, 6
 LOW, HIGH = [-1.0, -2.0, 0.0], [1.0, 2.0, 5.0]

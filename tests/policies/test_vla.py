@@ -25,7 +25,8 @@ from rlinf_embodied.policies.prismatic import (
 )
 from safetensors.torch import save_file
 
-from rlinf_embodied.config import OpenVLAOFTPolicyConfig, OpenVLAPolicyConfig, load_config
+from rlinf_embodied.config import load_config
+from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig, OpenVLAPolicyConfig
 
 pytestmark = pytest.mark.timeout(120)
 

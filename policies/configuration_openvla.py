@@ -1,0 +1,140 @@
+"""Configs of the VLA policies (policies/openvla.py, policies/openvla_oft.py),
+``policy.type: openvla | openvla_oft``.
+
+Registered by type in :mod:`rlinf_embodied.components`; loaded lazily by the config loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rlinf_embodied.config import ConfigError, PolicyConfig
+
+
+@dataclass
+class VLAPolicyConfig(PolicyConfig):
+    """Fields shared by the VLA policies (``openvla``, ``openvla_oft``; policies/openvla*.py).
+
+    Weights come from ``pretrained`` (a directory in the published Hugging Face layout, never
+    executing code shipped with it) or, without it, from a random ``preset`` architecture;
+    ``checkpoint`` still names a ``save_policy`` directory of this framework (RL checkpoints).
+    """
+
+    pretrained: Optional[str] = None
+    """Directory in the published OpenVLA / OpenVLA-OFT layout (config.json, safetensors shards,
+    dataset_statistics.json, tokenizer files; OFT also ``*--*_checkpoint.pt`` heads); None builds
+    ``preset`` with random weights."""
+    preset: str = "tiny"
+    """Architecture when ``pretrained`` is None: ``tiny`` (CPU tests, same module structure) or
+    ``openvla-7b`` (DINOv2+SigLIP, Llama-2 7B; random weights, for memory/throughput checks)."""
+    unnorm_key: Optional[str] = None
+    """Dataset whose q01/q99 statistics un-normalise actions (e.g. ``libero_spatial_no_noops``);
+    None when the checkpoint has exactly one."""
+    temperature: float = 1.0
+    """Sampling temperature of the action tokens, also used to score them in ``evaluate``
+    (SimpleVLA-RL / RLinf GRPO on LIBERO: 1.6). Greedy mode ignores it for the choice."""
+    max_prompt_tokens: int = 128
+    """T, prompt ids after ``<s>``; prompts are padded to it so rollouts stack (Llama-2 needs
+    about 40 for LIBERO instructions, the tiny char-level tokenizer about 120)."""
+    center_crop: bool = True
+    """Crop the central 90% of the image area and resize back (OpenVLA/OFT LIBERO models were
+    fine-tuned with random-crop augmentation; set False for models trained without it)."""
+    gripper_to_signed: bool = False
+    """Map the gripper output from [0, 1] to [-1, 1] (openvla_v1 LIBERO protocol: true)."""
+    gripper_binarize: bool = False
+    """Replace the gripper output by its sign (openvla_v1 LIBERO protocol: true)."""
+    gripper_invert: bool = False
+    """Negate the gripper output (LIBERO: -1 open, +1 close, opposite to OpenVLA's data: true)."""
+    lora_rank: int = 0
+    """LoRA r through peft; 0 trains every weight. RL recipes use 32 (SimpleVLA-RL, RLinf);
+    with r > 0 only the adapters and the heads are trainable."""
+    lora_alpha: Optional[int] = None
+    """LoRA alpha; None uses min(r, 16) as OpenVLA/OFT fine-tuning does."""
+    lora_dropout: float = 0.0
+    """LoRA dropout (0 keeps rollout and training forward passes identical)."""
+    lora_targets: str = "llm"
+    """Linear layers that get adapters: ``llm`` (Llama layers) or ``all`` (plus both ViTs and the
+    projector, like OFT's ``all-linear``)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in backward (needed for 7B training)."""
+    critic: bool = False
+    """Value head on the LM hidden state (PPO); GRPO runs without it."""
+    value_head_hidden: int = 1024
+    """Width of the value head's hidden layer."""
+    dtype: str = "auto"
+    """Parameter dtype: ``auto`` (bfloat16 when CUDA is available, else float32), ``float32``,
+    ``bfloat16``."""
+    attn_implementation: str = "sdpa"
+    """Llama attention kernel: ``sdpa`` or ``eager`` (both take the custom 4-D masks)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.pretrained is None and self.preset not in ("tiny", "openvla-7b"):
+            raise ConfigError(f"policy.preset must be tiny or openvla-7b (got {self.preset!r}).")
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"policy.temperature must be > 0 (got {self.temperature}); use act mode "
+                "'greedy' for argmax actions."
+            )
+        if self.lora_rank < 0:
+            raise ConfigError(f"policy.lora_rank must be >= 0 (got {self.lora_rank}).")
+        if self.lora_targets not in ("llm", "all"):
+            raise ConfigError(f"policy.lora_targets must be llm or all (got {self.lora_targets!r}).")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16 (got {self.dtype!r}).")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"policy.attn_implementation must be sdpa or eager (got {self.attn_implementation!r})."
+            )
+        if self.max_prompt_tokens < 8:
+            raise ConfigError(f"policy.max_prompt_tokens must be >= 8 (got {self.max_prompt_tokens}).")
+
+
+@dataclass
+class OpenVLAPolicyConfig(VLAPolicyConfig):
+    """OpenVLA: Prismatic VLM decoding K x A action tokens autoregressively (policies/openvla.py)."""
+
+    type: str = "openvla"
+    """Selects policies/openvla.py."""
+    logprob_granularity: str = "token"
+    """Log-probs per action token (N, K, A) by default, as RL4VLA / SimpleVLA-RL use them."""
+
+
+@dataclass
+class OpenVLAOFTPolicyConfig(VLAPolicyConfig):
+    """OpenVLA-OFT: all K x A action positions decoded in one pass (policies/openvla_oft.py)."""
+
+    type: str = "openvla_oft"
+    """Selects policies/openvla_oft.py."""
+    action_chunk: int = 8
+    """K, actions per query executed open loop (OFT on LIBERO: 8)."""
+    logprob_granularity: str = "token"
+    """Log-probs per action token (N, K, A) by default."""
+    action_head: str = "discrete"
+    """``discrete``: logits of the last 256 vocabulary ids at each action position (what
+    RLinf / SimpleVLA-RL train); ``continuous``: OFT's L1-regression MLP head with a learnable
+    Gaussian std for RL (checkpoints trained with it give near-zero success under token RL)."""
+    use_wrist_image: bool = True
+    """Feed ``wrist_images`` as a second image (OFT LIBERO: agentview + wrist)."""
+    use_proprio: bool = True
+    """Feed ``states`` through the proprio projector as one extra token (OFT LIBERO: 8-dim)."""
+    proprio_dim: int = 8
+    """S of the proprio input (LIBERO: eef position 3 + axis-angle 3 + gripper qpos 2)."""
+    attention: str = "full"
+    """``full``: every token attends to every token (what the published OFT checkpoints were
+    trained with, openvla-oft issue #27); ``action_block``: causal prefix, bidirectional among
+    the action positions."""
+    init_log_std: float = -2.0
+    """Initial log std of the continuous head's Gaussian, normalised action units."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.action_head not in ("discrete", "continuous"):
+            raise ConfigError(
+                f"policy.action_head must be discrete or continuous (got {self.action_head!r})."
+            )
+        if self.attention not in ("full", "action_block"):
+            raise ConfigError(
+                f"policy.attention must be full or action_block (got {self.attention!r})."
+            )

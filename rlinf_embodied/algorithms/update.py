@@ -1,0 +1,143 @@
+"""One RL policy update: the registered advantage estimator, then minibatch epochs of the
+registered loss with micro-batch gradient accumulation.
+
+Shared by the actor worker (FSDP2-sharded policy) and the single-process baseline of
+``benchmarks/bench_train.py`` (unsharded), so both run the same math. Nothing here branches on an
+algorithm name: estimators and losses are looked up in the registry and called with the typed
+batches of :mod:`rlinf_embodied.algorithms.batch`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict
+
+import torch
+
+from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
+from rlinf_embodied.algorithms.registry import get_advantage, get_loss
+
+__all__ = ["compute_advantages", "lr_lambda", "update_policy"]
+
+
+def lr_lambda(schedule: str, total_iterations: int) -> Callable[[int], float]:
+    """LR multiplier per scheduler step (one step per iteration).
+
+    Raises:
+        ValueError: for an unknown schedule.
+    """
+    if schedule == "constant":
+        return lambda it: 1.0
+    if schedule == "linear":
+        return lambda it: max(0.0, 1.0 - it / max(1, total_iterations))
+    if schedule == "cosine":
+        return lambda it: 0.5 * (1.0 + math.cos(math.pi * min(it, total_iterations) / max(1, total_iterations)))
+    raise ValueError(f"Unknown trainer.lr_schedule {schedule!r}; use constant, linear or cosine.")
+
+
+def compute_advantages(batch: dict, cfg) -> Advantages:
+    """The registered estimator ``cfg.algorithm.advantage`` on a time-major trajectory dict
+    (rewards (T, N), values (T + 1, N) with a critic, flags, group ids; see
+    :class:`~rlinf_embodied.algorithms.batch.RolloutBatch`)."""
+    import rlinf_embodied.algorithms  # noqa: F401  (registers the built-ins)
+
+    return get_advantage(cfg.algorithm.advantage)(RolloutBatch.from_trajectories(batch),
+                                                  cfg.algorithm)
+
+
+def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int = 0,
+                  device: str = "cpu", mean_across_ranks=lambda x: x) -> Dict[str, float]:
+    """One RL update of ``policy`` on a time-major batch (T, N): advantages, then
+    ``trainer.update_epochs`` x ``trainer.num_minibatches`` optimizer steps, each accumulated
+    over micro-batches of ``trainer.micro_batch_size`` samples, with gradient clipping and the
+    optional ``algorithm.target_kl`` early stop (mean over ranks). Minibatch order is seeded by
+    (run seed, iteration, rank).
+
+    Args:
+        policy: a :class:`~rlinf_embodied.policies.Policy` (sharded or not).
+        optimizer: its optimizer.
+        batch: the trajectory dict: ``forward_inputs``, ``actions``, ``logprobs`` (T, N, ...),
+            ``rewards``/``valid``/flags (T, N), ``values`` (T + 1, N) with a critic.
+        cfg: the job config (``trainer``, ``algorithm``, ``policy.logprob_granularity``,
+            ``run.seed``).
+        iteration: the training iteration (seeds the minibatch order).
+        rank, device, mean_across_ranks: the actor rank, its torch device, and an all-reduce
+            mean for the early-stop KL.
+
+    Returns:
+        Metrics averaged over the minibatches (``train/...``).
+    """
+    import rlinf_embodied.algorithms  # noqa: F401  (registers the built-ins)
+
+    t = cfg.trainer
+    adv = compute_advantages(batch, cfg)
+    T, N = batch["rewards"].shape
+    flat = lambda x: x.reshape(T * N, *x.shape[2:]).to(device)  # noqa: E731
+    data = {
+        "fi": {k: flat(v) for k, v in batch["forward_inputs"].items()},
+        "actions": flat(batch["actions"]),
+        "old_logprobs": flat(batch["logprobs"]),
+        "adv": flat(adv.advantages),
+        "ret": flat(adv.returns),
+        "valid": flat(adv.valid),
+    }
+    if "values" in batch:
+        data["old_values"] = flat(batch["values"][:-1])
+    B = T * N
+    n_mb = max(1, min(t.num_minibatches, B))
+    mb_size = B // n_mb
+    micro = t.micro_batch_size or mb_size
+    loss_fn = get_loss(cfg.algorithm.loss)
+    gen = torch.Generator().manual_seed(cfg.run.seed * 100_003 + iteration * 101 + rank)
+    sums: Dict[str, float] = {}
+    count = 0
+    stop = False
+    for epoch in range(t.update_epochs):
+        perm = torch.randperm(B, generator=gen)
+        for m in range(n_mb):
+            idx = perm[m * mb_size:(m + 1) * mb_size]
+            n_valid = max(1, int(data["valid"][idx].sum()))
+            optimizer.zero_grad(set_to_none=True)
+            mb_metrics: Dict[str, float] = {}
+            if adv.minibatch_normalize:
+                sel = data["adv"][idx][data["valid"][idx]]
+                mean, std = (sel.mean(), sel.std()) if sel.numel() > 1 else (0.0, None)
+            for s in range(0, len(idx), micro):
+                sub = idx[s:s + micro]
+                mask = data["valid"][sub]
+                adv_mb = data["adv"][sub]
+                if adv.minibatch_normalize and std is not None:
+                    adv_mb = (adv_mb - mean) / (std + 1e-8)
+                ev = policy.evaluate({k: v[sub] for k, v in data["fi"].items()}, data["actions"][sub])
+                with_values = ev.values is not None
+                loss, met = loss_fn(LossBatch(
+                    logprobs=ev.logprobs, old_logprobs=data["old_logprobs"][sub],
+                    advantages=adv_mb, mask=mask, granularity=cfg.policy.logprob_granularity,
+                    entropy=ev.entropy, values=ev.values,
+                    returns=data["ret"][sub] if with_values else None,
+                    old_values=data["old_values"][sub] if with_values and "old_values" in data else None,
+                ), cfg.algorithm)
+                share = int(mask.sum()) / n_valid
+                (loss * share).backward()
+                for k, v in met.items():
+                    mb_metrics[k] = mb_metrics.get(k, 0.0) + float(v) * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in policy.parameters() if p.requires_grad], t.max_grad_norm
+            )
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            optimizer.step()
+            mb_metrics["grad_norm"] = float(grad_norm)
+            for k, v in mb_metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+            if cfg.algorithm.target_kl is not None and mean_across_ranks(
+                    mb_metrics.get("approx_kl", 0.0)) > cfg.algorithm.target_kl:
+                stop = True
+                break
+        if stop:
+            break
+    out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
+    out["train/minibatches"] = float(count)
+    out["train/valid_fraction"] = float(adv.valid.float().mean())
+    return out

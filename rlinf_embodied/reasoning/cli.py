@@ -1,0 +1,67 @@
+"""``rlinf-embodied train`` for reasoning jobs (files with ``workflow: reasoning``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List
+
+__all__ = ["train_reasoning", "validate_reasoning_job"]
+
+
+def validate_reasoning_job(cfg) -> None:
+    """Checks that need no cluster: iterations, the placement file, the task file.
+
+    Raises:
+        ConfigError: naming the problem and the fix.
+    """
+    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.runners.setup import resolve_placement
+    from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
+
+    if cfg.trainer.iterations < 1:
+        raise ConfigError(f"Set trainer.iterations to at least 1 (got {cfg.trainer.iterations}).")
+    if cfg.task.type == "jsonl" and not Path(cfg.task.path).is_file():
+        raise ConfigError(f"task.path={cfg.task.path} not found; point it at a local "
+                          f"GSM8K-style JSONL file.")
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path={cfg.model.path} is not a local HF model directory (no "
+                          f"config.json); set it to one, or to null for the tiny model.")
+    if cfg.placement == "auto":
+        return
+    path = resolve_placement(cfg.placement)
+    try:
+        plan = PlacementPlan.from_yaml(path)
+        if cfg.cluster.address is None:
+            import torch
+
+            plan.validate(torch.cuda.device_count() or cfg.cluster.num_cpu_devices)
+    except PlacementError as e:
+        raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
+
+
+def train_reasoning(config: str, overrides: List[str], fail: Callable, short_error: Callable) -> int:
+    """Load, validate and run a reasoning job; returns the exit code (errors go to ``fail``)."""
+    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+
+    try:
+        cfg = load_config(config, overrides, schema=ReasoningJobConfig)
+        validate_reasoning_job(cfg)
+        run_dir = cfg.run.run_dir()
+        i = 0
+        while (run_dir / "results.json").exists():  # never overwrite a finished run
+            i += 1
+            run_dir = cfg.run.run_dir().with_name(f"{cfg.run.run_dir().name}_{i}")
+        from rlinf_embodied.runners.reasoning import ReasoningRunner
+
+        print(f"run directory: {run_dir}")
+        runner = ReasoningRunner(cfg, run_dir)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
+        fail(short_error(e), code=1)
+    res = runner.run()
+    ev = res["eval"]
+    summary = f" held-out reward {ev[0]['reward']:.3f} -> {ev[-1]['reward']:.3f};" if ev else ""
+    print(f"done: {len(res['steps'])} steps ({res['backend']} backend);{summary} results in {run_dir}")
+    return 0

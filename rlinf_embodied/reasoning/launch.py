@@ -1,0 +1,114 @@
+"""Launching a reasoning job's worker groups where its placement puts them.
+
+The placement files are the embodied ones (``configs/placement/*.yaml``): the ``rollout`` and
+``actor`` groups keep their names and the ``reward`` workers run where the file puts ``env``
+(the role that turns responses into rewards, as env workers turn actions into rewards), so
+collocated, disaggregated and hybrid placement mean the same thing for both workflows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+__all__ = ["ReasoningGroups", "launch_reasoning_groups", "prepare_model_dir", "REWARD_SLOT",
+           "split_evenly"]
+
+REWARD_SLOT = "env"
+"""Placement-file group whose devices the reward workers use."""
+
+
+def prepare_model_dir(cfg, run_dir: Path) -> str:
+    """``model.path``, or the tiny model built (once) into ``run_dir/tiny_model`` with a
+    tokenizer trained on the task's training prompts and solutions."""
+    if cfg.model.path:
+        p = Path(cfg.model.path)
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"model.path={p} is not an HF model directory (no config.json); "
+                                    f"point it at a local model or drop it to build the tiny model.")
+        return str(p)
+    from rlinf_embodied.reasoning.tasks import corpus_text, load_problems
+    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+
+    texts = corpus_text(load_problems(cfg.task, "train"), cfg.task.prompt_format)
+    return str(build_tiny_model(Path(run_dir) / "tiny_model", texts, seed=cfg.model.tiny_seed,
+                                num_layers=cfg.model.tiny_layers))
+
+
+@dataclasses.dataclass
+class ReasoningGroups:
+    """The live worker groups of a reasoning run."""
+
+    cfg: object
+    cluster: object
+    rollout: object
+    reward: object
+    actor: object
+    sync: object
+    plan: object
+    model_dir: str
+    backend: str
+
+    def shutdown(self, keep_cluster: bool = False) -> None:
+        """Stop every worker, release the cluster (unless ``keep_cluster``)."""
+        for grp in (self.rollout, self.reward, self.actor):
+            grp.shutdown()
+        if not keep_cluster:
+            self.cluster.shutdown()
+
+
+def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> ReasoningGroups:
+    """Start the cluster, the two channels and the rollout / reward / actor groups of ``cfg``
+    (placed by ``plan`` when given, else by ``cfg.placement``; ``auto`` profiles and plans)."""
+    from rlinf_embodied.runners.setup import group_ranks, resolve_placement
+    from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
+    from rlinf_embodied.weight_sync import WeightSync
+    from rlinf_embodied.workers.reasoning_actor import ReasoningActorWorker
+    from rlinf_embodied.workers.reasoning_rollout import ReasoningRolloutWorker
+    from rlinf_embodied.workers.reward_worker import RewardWorker
+
+    model_dir = prepare_model_dir(cfg, run_dir)
+    cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                      num_cpu_devices=cfg.cluster.num_cpu_devices)
+    if plan is None and cfg.placement == "auto":
+        from rlinf_embodied.scheduler.auto import auto_plan_reasoning
+
+        plan = PlacementPlan.from_dict(auto_plan_reasoning(cfg, cluster, run_dir, run_id))
+    elif plan is None:
+        plan = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
+    nd = cluster.num_devices
+    plan.validate(nd)
+    text = re.sub(rf"\b{REWARD_SLOT}\b {{3}}", "reward", plan.describe(nd))  # keep the columns
+    print(re.sub(rf"\b{REWARD_SLOT}\b", "reward", text))
+    ranks = group_ranks(plan, nd)
+    n_roll, n_rew, n_act = ranks["rollout"], ranks[REWARD_SLOT], ranks["actor"]
+    responses, scored = f"{run_id}/responses", f"{run_id}/scored"
+    for name in (responses, scored):
+        Channel.create(name)  # unbounded: a waiting actor never back-pressures the rollout
+    spec = plan.group(REWARD_SLOT)
+    reward = WorkerGroup(cluster, RewardWorker, "reward", spec.devices, spec.procs_per_device,
+                         context_switch=plan.shares_devices(REWARD_SLOT, nd), torch_threads=1,
+                         init_args=(cfg, model_dir, responses, scored, 0, n_act))
+    for j in range(n_rew):  # rollout rank k feeds reward rank k % n_rew
+        reward.on([j]).set_num_producers(sum(k % n_rew == j for k in range(n_roll))).wait()
+    rollout = WorkerGroup.from_plan(cluster, plan, "rollout", ReasoningRolloutWorker,
+                                    init_args=(cfg, model_dir, responses, n_rew))
+    actor = WorkerGroup.from_plan(cluster, plan, "actor", ReasoningActorWorker,
+                                  init_args=(cfg, model_dir, scored, n_rew))
+    actor.init_process_group()
+    actor.setup().wait()
+    backend = rollout.on([0]).info().wait()[0]["backend"]
+    return ReasoningGroups(cfg, cluster, rollout, reward, actor, WeightSync(actor, rollout), plan,
+                           model_dir, backend)
+
+
+def split_evenly(items: list, parts: int) -> list:
+    """``items`` in ``parts`` contiguous chunks whose sizes differ by at most one."""
+    q, r = divmod(len(items), parts)
+    out, i = [], 0
+    for k in range(parts):
+        n = q + (k < r)
+        out.append(items[i:i + n])
+        i += n
+    return out
+
