@@ -35,7 +35,8 @@ def _reexec_in_vllm_venv() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        if VENV_PY.exists() and Path(sys.executable).resolve() != VENV_PY.resolve():
+        # venv pythons are links to one interpreter: compare the venvs, not the executables
+        if VENV_PY.exists() and Path(sys.prefix).resolve() != VENV_PY.parents[1].resolve():
             os.execv(str(VENV_PY), [str(VENV_PY), __file__, *sys.argv[1:]])
         raise SystemExit("bench_reasoning needs vLLM: run `bash scripts/setup.sh` (builds "
                          ".venv-vllm) and `.venv-vllm/bin/python benchmarks/bench_reasoning.py`.")

