@@ -86,18 +86,91 @@ def bench_generation(model_dir: str, batch: int, new_tokens: int) -> dict:
     return out
 
 
-def bench_runner(model_dir: str, quick: bool) -> dict:
-    """Placement, scheduler and pipelining numbers from the reasoning runner (if present)."""
-    try:
-        from rlinf_embodied.runners import reasoning as _runner  # noqa: F401
-    except ImportError as e:
-        return {"runner": f"not measured: the reasoning runner is not in this tree ({e})"}
-    return {"runner": "present but its benchmark hooks are not wired here yet"}
+# A small GRPO job on the shipped tiny config: a short SFT warm-up leaves a long-tailed length
+# distribution (most sampled answers stop after a few tokens, some run to the limit).
+RUNNER_BASE = ["trainer.sft_steps=20", "trainer.sft_batch_size=32", "trainer.eval_every=0",
+               "trainer.save_every=0", "trainer.num_minibatches=1", "trainer.micro_batch_size=16",
+               "task.num_train=100", "task.num_test=8", "rollout.max_new_tokens=24",
+               "rollout.micro_batch_size=4", "algorithm.group_size=4",
+               "algorithm.dynamic_sampling=false", "algorithm.overlong_filter=false",
+               "logging.console=false", "rollout.gpu_memory_utilization=0.05",
+               "rollout.max_model_len=128"]
+RUNNER_RUNS = {  # name -> overrides; temporal and spatial use the same 3 worker processes
+    "temporal": ["placement=collocated", "cluster.num_cpu_devices=1", "rollout.pipelining=false"],
+    "spatial": ["placement=disaggregated", "cluster.num_cpu_devices=3", "rollout.pipelining=false"],
+    "spatial_pipelined": ["placement=disaggregated", "cluster.num_cpu_devices=3",
+                          "rollout.pipelining=true"],
+    "auto": ["placement=auto", "cluster.num_cpu_devices=3", "rollout.pipelining=true"],
+}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def bench_runner(work: Path, quick: bool, backend: str) -> dict:
+    """Step times of the reasoning runner under temporal / spatial placement, with and without
+    elastic pipelining, and the scheduler's predictions for them from a profile measured by
+    ``placement: auto`` (the first step of each run is left out: it includes warm-up)."""
+    import ray
+
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.runners.reasoning import ReasoningRunner
+    from rlinf_embodied.scheduler.reasoning import plan_reasoning_config, reasoning_profile_for_config
+
+    iters, prompts = (2, 4) if quick else (4, 8)
+    common = RUNNER_BASE + [f"trainer.iterations={iters}", f"rollout.prompts_per_step={prompts}",
+                            f"rollout.backend={backend}"]
+    runs = {k: v for k, v in RUNNER_RUNS.items() if not (quick and k == "auto")}
+    out: dict = {"backend": backend, "iterations": iters,
+                 "responses_per_step": prompts * 4, "runs": {}}
+    cfgs = {}
+    for name, extra in runs.items():
+        cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", common + extra,
+                          schema=ReasoningJobConfig)
+        cfgs[name] = cfg
+        t0 = time.perf_counter()
+        res = ReasoningRunner(cfg, work / name).run()
+        steps = res["steps"][1:] or res["steps"]
+        out["runs"][name] = {
+            "step_s": round(_median([s["time/step_s"] for s in steps]), 3),
+            "generate_s": round(_median([s["time/generate_s"] for s in steps]), 3),
+            "response_length_mean": round(_median([s["rollout/response_length"] for s in steps]), 2),
+            "truncated_fraction": round(_median([s["rollout/truncated"] for s in steps]), 3),
+            "wall_s": round(time.perf_counter() - t0, 1), "backend": res["backend"]}
+        if ray.is_initialized():
+            ray.shutdown()
+    r = out["runs"]
+    out["temporal_step_s"] = r["temporal"]["step_s"]
+    out["spatial_step_s"] = r["spatial"]["step_s"]
+    out["pipelining_gain"] = round(r["spatial"]["step_s"] / r["spatial_pipelined"]["step_s"], 3)
+    if "auto" in r:  # predictions from the profile that placement=auto measured
+        profile = reasoning_profile_for_config(cfgs["auto"], work / "auto")
+        pred = {"temporal": plan_reasoning_config(cfgs["temporal"], 1, profile).best,
+                "auto": plan_reasoning_config(cfgs["auto"], 3, profile).best}
+        spatial = plan_reasoning_config(cfgs["spatial"], 3, profile).by_mode.get("spatial")
+        out["scheduler"] = {
+            "profile": profile.source,
+            "chosen_mode": pred["auto"].mode,
+            "predicted_step_s": {"temporal_1dev": round(pred["temporal"].time_s, 3),
+                                 "spatial_3dev": round(spatial.time_s, 3) if spatial else None,
+                                 "auto_3dev": round(pred["auto"].time_s, 3)},
+            "measured_step_s": {"temporal_1dev": r["temporal"]["step_s"],
+                                "spatial_3dev": r["spatial"]["step_s"],
+                                "auto_3dev": r["auto"]["step_s"]}}
+    else:
+        out["scheduler"] = "not measured in --quick (placement=auto profiling run skipped)"
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller batch and fewer tokens")
+    ap.add_argument("--runner-backend", default="vllm", choices=("vllm", "hf"),
+                    help="rollout backend of the placement / pipelining runs")
+    ap.add_argument("--skip-runner", action="store_true", help="generation speeds only")
     args = ap.parse_args()
     # The same intra-op thread count for both backends (vLLM lowers torch's to 1 unless
     # OMP_NUM_THREADS is set).
@@ -116,7 +189,10 @@ def main() -> None:
             "vllm_vs_hf": round(gen["vllm"]["tokens_per_s"] / gen["hf"]["tokens_per_s"], 2),
             "generation": gen,
         }
-        result.update(bench_runner(model_dir, args.quick))
+        if args.skip_runner:
+            result["runner"] = "skipped (--skip-runner)"
+        else:
+            result["runner"] = bench_runner(Path(tmp) / "runs", args.quick, args.runner_backend)
     result["loadavg"] = {"before": load0, "after": _loadavg()}
     result["omp_num_threads"] = int(os.environ["OMP_NUM_THREADS"])
     print(json.dumps(result))

@@ -13,7 +13,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM lives in .venv-vllm (scripts/setup.sh section 4)")
 
-import torch
+import torch  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -172,3 +172,39 @@ def test_core_package_imports_under_numpy2():
         except Exception as e:  # noqa: BLE001 - report every failing module at once
             failed[m.name] = f"{type(e).__name__}: {e}"
     assert not failed, failed
+
+
+@pytest.mark.slow
+def test_vllm_rollout_worker_follows_fsdp_actor_syncs(ray_session, tmp_path):
+    """The same check through the runtime: the vLLM engine inside the rollout worker (a Ray
+    actor) takes the FSDP2 actor's weights by WeightSync; its log-probs follow the actor's."""
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.reasoning.launch import launch_reasoning_groups
+
+    pfile = tmp_path / "p.yaml"
+    pfile.write_text("placement: {context_switch: true, groups: {env: {devices: '0'}, "
+                     "rollout: {devices: '0'}, actor: {devices: '0'}}}\n")
+    cfg = load_config("configs/reasoning_grpo_tiny.yaml",
+                      [f"placement={pfile}", "rollout.backend=vllm", "rollout.max_model_len=128",
+                       "rollout.gpu_memory_utilization=0.05", "trainer.sft_batch_size=16",
+                       "task.num_train=100"], schema=ReasoningJobConfig)
+    g = launch_reasoning_groups(cfg, tmp_path, "vllm-sync-test")
+    try:
+        assert g.backend == "vllm"
+        seqs = [[5, 7, 9, 11, 13, 2, 3, 0], [17, 4, 21, 8, 6], [9, 9, 9, 30, 12, 14, 15]]
+        plens = [4, 2, 3]
+        g.sync.push(0)
+        before = g.rollout.on([0]).score(seqs, plens).wait()[0]
+        assert _mean_abs(before, g.actor.logprobs(seqs, plens).wait()[0]) < TOL
+        scores = [before]
+        for version in (1, 2):
+            g.actor.sft(3).wait()
+            g.sync.push(version)
+            synced = g.rollout.on([0]).score(seqs, plens).wait()[0]
+            assert _mean_abs(synced, g.actor.logprobs(seqs, plens).wait()[0]) < TOL
+            assert _mean_abs(synced, scores[-1]) > 1e-2
+            scores.append(synced)
+        assert g.rollout.on([0]).info().wait()[0] == {"backend": "vllm", "version": 2}
+    finally:
+        g.shutdown(keep_cluster=True)
