@@ -10,11 +10,22 @@ Prints one JSON line last:
                                                        sampling settings, same thread count)
     generation: {hf: {...}, vllm: {...}}               breakdown: start-up, generate seconds,
                                                        generated tokens, finish reasons
-    placement / scheduler / pipelining                 filled by the reasoning runner's part
-                                                       (``runner`` says why when it is absent)
+    runner.temporal_step_s, runner.spatial_step_s      median GRPO step time (first step left
+                                                       out) of the tiny job under collocated
+                                                       (1 device, context switching) and
+                                                       disaggregated (3 devices) placement: the
+                                                       same 3 worker processes on the same cores
+    runner.pipelining_gain                             spatial step time without / with elastic
+                                                       pipelining (long-tailed response lengths:
+                                                       see runs.*.response_length_mean and
+                                                       truncated_fraction)
+    runner.scheduler                                   the plan placement=auto picks and the
+                                                       predicted vs measured step time of each
+                                                       plan, from the profile auto measured
+                                                       (skipped with --quick)
     loadavg                                            /proc/loadavg before and after
 
-Usage: python benchmarks/bench_reasoning.py [--quick]
+Usage: python benchmarks/bench_reasoning.py [--quick] [--runner-backend vllm|hf] [--skip-runner]
 """
 
 from __future__ import annotations
@@ -104,6 +115,22 @@ RUNNER_RUNS = {  # name -> overrides; temporal and spatial use the same 3 worker
 }
 
 
+def _init_ray(attempts: int = 3) -> None:
+    """One local Ray session for every run (never a cluster someone else started on this
+    machine); retried because Ray gives a raylet 30 s to register, which a loaded machine
+    can miss."""
+    import ray
+
+    for i in range(attempts):
+        try:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception:  # noqa: BLE001 - "node timed out during startup" on a busy machine
+            ray.shutdown()
+            if i == attempts - 1:
+                raise
+
+
 def _median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else float("nan")
@@ -113,14 +140,13 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     """Step times of the reasoning runner under temporal / spatial placement, with and without
     elastic pipelining, and the scheduler's predictions for them from a profile measured by
     ``placement: auto`` (the first step of each run is left out: it includes warm-up)."""
-    import ray
-
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
     from rlinf_embodied.runners.reasoning import ReasoningRunner
     from rlinf_embodied.scheduler.reasoning import plan_reasoning_config, reasoning_profile_for_config
 
-    iters, prompts = (2, 4) if quick else (4, 8)
+    iters, prompts = (2, 4) if quick else (3, 4)
+    _init_ray()
     common = RUNNER_BASE + [f"trainer.iterations={iters}", f"rollout.prompts_per_step={prompts}",
                             f"rollout.backend={backend}"]
     runs = {k: v for k, v in RUNNER_RUNS.items() if not (quick and k == "auto")}
@@ -140,8 +166,6 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
             "response_length_mean": round(_median([s["rollout/response_length"] for s in steps]), 2),
             "truncated_fraction": round(_median([s["rollout/truncated"] for s in steps]), 3),
             "wall_s": round(time.perf_counter() - t0, 1), "backend": res["backend"]}
-        if ray.is_initialized():
-            ray.shutdown()
     r = out["runs"]
     out["temporal_step_s"] = r["temporal"]["step_s"]
     out["spatial_step_s"] = r["spatial"]["step_s"]
