@@ -10,9 +10,10 @@ for name in a b; do
   git clone -q "$src" "$work/$name"
 done
 for name in a b; do
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   RLINF_SKIP_APT=1 make -s -C "$work/$name" setup >/dev/null
-  echo "[two-clones] make setup in clone $name: $(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5) s"
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "[two-clones] make setup in clone $name: $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
 done
 for name in a b; do
   got=$(cd / && "$work/$name/.venv/bin/python" -c '
