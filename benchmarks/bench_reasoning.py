@@ -111,7 +111,8 @@ RUNNER_RUNS = {  # name -> overrides; temporal and spatial use the same 3 worker
     "spatial": ["placement=disaggregated", "cluster.num_cpu_devices=3", "rollout.pipelining=false"],
     "spatial_pipelined": ["placement=disaggregated", "cluster.num_cpu_devices=3",
                           "rollout.pipelining=true"],
-    "auto": ["placement=auto", "cluster.num_cpu_devices=3", "rollout.pipelining=true"],
+    # placement=auto: the scheduler profiles the three groups, plans, and the run uses its plan
+    "auto": ["cluster.num_cpu_devices=3", "rollout.pipelining=true"],
 }
 
 
@@ -154,11 +155,17 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
                  "responses_per_step": prompts * 4, "runs": {}}
     cfgs = {}
     for name, extra in runs.items():
-        cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", common + extra,
-                          schema=ReasoningJobConfig)
-        cfgs[name] = cfg
         t0 = time.perf_counter()
-        res = ReasoningRunner(cfg, work / name).run()
+        try:
+            if name == "auto":
+                extra = extra + [f"placement={_auto_placement(common + extra, work / name)}"]
+            cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", common + extra,
+                              schema=ReasoningJobConfig)
+            cfgs[name] = cfg
+            res = ReasoningRunner(cfg, work / name).run()
+        except Exception as e:  # noqa: BLE001 - report the other runs' numbers all the same
+            out["runs"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
         steps = res["steps"][1:] or res["steps"]
         out["runs"][name] = {
             "step_s": round(_median([s["time/step_s"] for s in steps]), 3),
@@ -166,11 +173,12 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
             "response_length_mean": round(_median([s["rollout/response_length"] for s in steps]), 2),
             "truncated_fraction": round(_median([s["rollout/truncated"] for s in steps]), 3),
             "wall_s": round(time.perf_counter() - t0, 1), "backend": res["backend"]}
-    r = out["runs"]
-    out["temporal_step_s"] = r["temporal"]["step_s"]
-    out["spatial_step_s"] = r["spatial"]["step_s"]
-    out["pipelining_gain"] = round(r["spatial"]["step_s"] / r["spatial_pipelined"]["step_s"], 3)
-    if "auto" in r:  # predictions from the profile that placement=auto measured
+    r = {k: v for k, v in out["runs"].items() if "step_s" in v}
+    out["temporal_step_s"] = r.get("temporal", {}).get("step_s")
+    out["spatial_step_s"] = r.get("spatial", {}).get("step_s")
+    if "spatial" in r and "spatial_pipelined" in r:
+        out["pipelining_gain"] = round(r["spatial"]["step_s"] / r["spatial_pipelined"]["step_s"], 3)
+    if {"auto", "temporal", "spatial"} <= set(r):  # predictions from auto's measured profile
         profile = reasoning_profile_for_config(cfgs["auto"], work / "auto")
         pred = {"temporal": plan_reasoning_config(cfgs["temporal"], 1, profile).best,
                 "auto": plan_reasoning_config(cfgs["auto"], 3, profile).best}
@@ -185,8 +193,30 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
                                 "spatial_3dev": r["spatial"]["step_s"],
                                 "auto_3dev": r["auto"]["step_s"]}}
     else:
-        out["scheduler"] = "not measured in --quick (placement=auto profiling run skipped)"
+        out["scheduler"] = ("not measured: --quick skips the placement=auto run" if quick else
+                            "not measured: a run failed (see runs)")
     return out
+
+
+def _auto_placement(overrides: list, run_dir: Path) -> Path:
+    """What ``placement: auto`` does, called directly: profile rollout / reward / actor on
+    device 0, plan, and write the chosen placement to a YAML file (its path is returned)."""
+    import yaml
+
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.runtime import Cluster
+    from rlinf_embodied.scheduler.reasoning import auto_plan_reasoning
+
+    cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", overrides,
+                      schema=ReasoningJobConfig)
+    cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                      num_cpu_devices=cfg.cluster.num_cpu_devices)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    placement = auto_plan_reasoning(cfg, cluster, run_dir, "bench-auto")
+    path = run_dir.parent / "auto_placement.yaml"
+    path.write_text(yaml.safe_dump({"placement": placement}))
+    return path
 
 
 def main() -> None:
