@@ -5,7 +5,9 @@ Importing this package registers every built-in estimator, loss and filter:
 - advantages (``algorithm.advantage``): ``gae``, ``grpo``, ``reinforce_pp``, each
   ``fn(RolloutBatch, AlgorithmConfig) -> Advantages``;
 - losses (``algorithm.loss``): ``ppo``, ``fn(LossBatch, AlgorithmConfig) -> (loss, metrics)``;
-- filters: ``dynamic_sampling``.
+- losses from dapo.py: ``ppo_token`` (per response token, DAPO clip-higher and loss
+  aggregation), on a :class:`~rlinf_embodied.algorithms.dapo.TokenLossBatch`;
+- filters: ``dynamic_sampling``, ``nonuniform_groups`` and ``complete`` (DAPO).
 """
 
 from rlinf_embodied.algorithms import advantages, dapo, filters, losses  # noqa: F401  (registration)
