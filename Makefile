@@ -4,8 +4,11 @@ PY := .venv/bin/python
 VPY := .venv-vllm/bin/python
 CLI := $(PY) -m rlinf_embodied.cli
 export MUJOCO_GL ?= egl
+# Cached bytecode: without it every process (each Ray worker too) recompiles torch, ray, ... from
+# source, which on a loaded 2-core machine outlasts Ray's fixed raylet start-up wait.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo test test-all doctor bench lint clean
+.PHONY: setup demo test test-all doctor bench gpu-check lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +33,10 @@ doctor: setup
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b --quick | tail -n 1; done
+
+# Every accelerator path on one GPU (< 10 min there); on CPU each check says "skipped: no CUDA".
+gpu-check: setup
+	$(PY) scripts/gpu_check.py
 
 lint: setup
 	$(PY) -m ruff check .

@@ -204,8 +204,11 @@ class LiberoSubBatch(SubBatch):
             shapes.update(main_images=(cfg.image_size, cfg.image_size, 3),
                           wrist_images=(cfg.image_size, cfg.image_size, 3))
         action = ActionSpec((7,), -np.ones(7, np.float32), np.ones(7, np.float32))
+        # What this worker rendered with (MUJOCO_GL as _select_gl left it), for results headers.
+        render = (f"mujoco MUJOCO_GL={os.environ.get('MUJOCO_GL')}" if self._rgb
+                  else "none (state observations)")
         self._spec = EnvSpec(action, shapes, SUITE_MAX_STEPS[cfg.suite],
-                             {"control_freq_hz": CONTROL_FREQ_HZ})
+                             {"control_freq_hz": CONTROL_FREQ_HZ, "render_backend": render})
 
     @property
     def spec(self) -> EnvSpec:

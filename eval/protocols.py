@@ -71,10 +71,11 @@ ZERO_ACTION = (0.0,) * 7
 
 _LIBERO_STACK = {"mujoco": "==3.3.2", "robosuite": ">=1.4,<1.5"}
 
-# OpenVLA LIBERO eval script: statistics of the "<suite>_no_noops" datasets the published LIBERO
-# checkpoints were fine-tuned on; gripper [0, 1] -> [-1, 1], sign, then inverted (env: -1 open).
+# OpenVLA / OFT LIBERO eval scripts: un-normalise with the "<suite>" statistics, or, when the
+# checkpoint has none, those of the "<suite>_no_noops" dataset the published LIBERO checkpoints
+# were fine-tuned on; gripper [0, 1] -> [-1, 1], sign, then inverted (env: -1 open).
 _OPENVLA_CONVENTIONS = {
-    "unnorm_key": "{suite}_no_noops",
+    "unnorm_key": ("{suite}", "{suite}_no_noops"),
     "gripper_to_signed": True,
     "gripper_binarize": True,
     "gripper_invert": True,
@@ -116,7 +117,7 @@ class Protocol:
             done, which for LIBERO is success.
         policy_mode: ``greedy`` (the distribution's mode) or ``sample``.
         vla_conventions: policy config fields applied when a published OpenVLA/OFT checkpoint
-            is evaluated (``unnorm_key`` may contain ``{suite}``); empty for none.
+            is evaluated (``unnorm_key``: templates with ``{suite}`` tried in order); empty for none.
         requires: distribution name -> PEP 440 specifier of the simulator stack.
         description: one line for ``--help`` and reports.
         source: where the numbers come from.

@@ -56,9 +56,12 @@ def markdown_table(results: ResultsFile) -> str:
     """
     s = summarize(results.episodes)
     at_end = any("success_at_end_rate" in v for v in s["per_task"].values())
+    returns = _scores_returns(results, s)
     cols = ["task", "instruction", "episodes", "success %", "95% CI", "errors"]
     if at_end:
         cols.insert(4, "success at end %")
+    if returns:
+        cols.insert(3, "mean return [95% CI]")
     lines = [f"**{_title(results)}**", "", "| " + " | ".join(cols) + " |",
              "|" + "|".join("---" for _ in cols) + "|"]
 
@@ -67,13 +70,17 @@ def markdown_table(results: ResultsFile) -> str:
                  f"[{_pct(v['ci95'][0])}, {_pct(v['ci95'][1])}]", str(v["errors"])]
         if at_end:
             cells.insert(4, _pct(v["success_at_end_rate"]) if "success_at_end_rate" in v else "")
+        if returns:
+            cells.insert(3, (f"{v['mean_return']:.4g} [{v['return_ci95'][0]:.4g}, "
+                             f"{v['return_ci95'][1]:.4g}]") if "mean_return" in v else "")
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
     for key, v in s["per_task"].items():
         lines.append(row(key, v.get("instruction") or "", v))
     o = s["overall"]
     lines.append(f"| **average** | mean of {o['tasks']} task rates | {o['episodes']} | "
-                 f"**{_pct(o['task_mean'])}** | | |" + (" |" if at_end else ""))
+                 + ("| " if returns else "")
+                 + f"**{_pct(o['task_mean'])}** | | |" + (" |" if at_end else ""))
     lines.append(row("pooled", "all episodes", o))
     mism = results.header.get("version_mismatches") or []
     if mism:
@@ -81,8 +88,16 @@ def markdown_table(results: ResultsFile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _scores_returns(results: ResultsFile, s: Dict[str, Any]) -> bool:
+    """Whether episode returns are shown: gymnasium envs (many report no ``info["success"]``,
+    e.g. CartPole, Pendulum, so their success rate is 0 whatever the policy does)."""
+    return results.header.get("env") == "gym" and any(
+        "mean_return" in v for v in s["per_task"].values())
+
+
 def bar_chart(results: ResultsFile, path: Union[str, os.PathLike]) -> Path:
-    """Bar chart PNG of per-task success with Wilson 95% error bars.
+    """Bar chart PNG of per-task success with Wilson 95% error bars (gymnasium envs: mean
+    episode return with Student-t 95% error bars).
 
     Returns:
         The written path.
@@ -94,21 +109,30 @@ def bar_chart(results: ResultsFile, path: Union[str, os.PathLike]) -> Path:
 
     s = summarize(results.episodes)
     names = list(s["per_task"])
-    rates = [100 * v["rate"] for v in s["per_task"].values()]
-    lows = [100 * (v["rate"] - v["ci95"][0]) for v in s["per_task"].values()]
-    highs = [100 * (v["ci95"][1] - v["rate"]) for v in s["per_task"].values()]
+    entries = list(s["per_task"].values())
+    if _scores_returns(results, s):
+        values = [v.get("mean_return", 0.0) for v in entries]
+        bounds = [v.get("return_ci95", [x, x]) for v, x in zip(entries, values)]
+        ylabel, average = "mean episode return (t 95% CI)", None
+    else:
+        values = [100 * v["rate"] for v in entries]
+        bounds = [[100 * v["ci95"][0], 100 * v["ci95"][1]] for v in entries]
+        ylabel, average = "success % (Wilson 95% CI)", s["overall"]["task_mean"]
+    # Error bar lengths, never negative (float noise where an interval ends at the value).
+    lows = [max(0.0, x - b[0]) for x, b in zip(values, bounds)]
+    highs = [max(0.0, b[1] - x) for x, b in zip(values, bounds)]
     fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(names) + 2), 3.5))
     try:
-        ax.bar(range(len(names)), rates, yerr=[lows, highs], capsize=3, color="#4878a8")
-        ax.axhline(100 * s["overall"]["task_mean"], color="#c44e52", ls="--",
-                   label=f"average {_pct(s['overall']['task_mean'])}%")
+        ax.bar(range(len(names)), values, yerr=[lows, highs], capsize=3, color="#4878a8")
+        if average is not None:
+            ax.axhline(100 * average, color="#c44e52", ls="--", label=f"average {_pct(average)}%")
+            ax.set_ylim(0, 105)
+            ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=90 if len(names) > 12 else 0)
-        ax.set_ylim(0, 105)
         ax.set_xlabel("task")
-        ax.set_ylabel("success % (Wilson 95% CI)")
+        ax.set_ylabel(ylabel)
         ax.set_title(_title(results), fontsize=8)
-        ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=100)
@@ -146,6 +170,9 @@ def html_report(results: ResultsFile, path: Union[str, os.PathLike],
         ("env", f"{h.get('env')} {h.get('suite') or h.get('env_id') or ''}"),
         ("policy", f"{policy.get('source')} [{policy.get('kind')}] sha256 "
                    f"{str(policy.get('sha256'))[:16]}"),
+        ("execution per query", ", ".join(f"{k} {v}" for k, v in (h.get("execution") or {}).items()
+                                          if k != "preprocessing") or "not recorded"),
+        ("image preprocessing", str((h.get("execution") or {}).get("preprocessing", "n/a"))),
         ("seeds", str(h.get("seeds"))),
         ("versions", ", ".join(f"{k} {v}" for k, v in (h.get("versions") or {}).items())),
         ("render backend / device", f"{h.get('render_backend')} / {h.get('device')}"),

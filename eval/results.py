@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from rlinf_embodied.eval.stats import wilson_interval
+from rlinf_embodied.eval.stats import mean_interval, wilson_interval
 
 from rlinf_embodied.checkpoint import atomic_write_text
 
@@ -63,6 +63,13 @@ class Episode:
         success_at_end: ManiSkill fair evaluation: success at the last step; None for LIBERO.
         instruction: the task's language instruction (or env id).
         wall_s: seconds from reset to the end of the episode (shared with concurrent envs).
+        episode_return: sum of the env's rewards over the episode (the score of envs without
+            a success signal, e.g. CartPole, Pendulum).
+        queries: policy queries (``act`` calls) of the episode.
+        action_chunk: K, actions the policy returned per query.
+        open_loop_steps: actions of each chunk executed before the next query (K: the whole
+            chunk, open loop; the last chunk stops at the episode's end).
+        head: how the policy decoded actions (``l1_regression``, ``parallel_tokens``, ...).
     """
 
     task: TaskKey
@@ -74,6 +81,11 @@ class Episode:
     success_at_end: Optional[bool] = None
     instruction: Optional[str] = None
     wall_s: float = 0.0
+    episode_return: Optional[float] = None
+    queries: Optional[int] = None
+    action_chunk: Optional[int] = None
+    open_loop_steps: Optional[int] = None
+    head: Optional[str] = None
 
     @property
     def key(self) -> Tuple[TaskKey, int]:
@@ -101,7 +113,8 @@ def summarize(episodes: Iterable[Episode]) -> Dict[str, Any]:
     Returns:
         ``{"per_task": {str(task): {...}}, "overall": {...}}``. Each entry has ``episodes``,
         ``successes``, ``rate``, ``ci95`` ([low, high]), ``errors`` and, when episodes report
-        it, ``success_at_end_rate``. ``overall`` adds ``task_mean`` (mean of per-task rates,
+        it, ``success_at_end_rate``; ``mean_return`` and ``return_ci95`` (Student t) when
+        episodes record returns. ``overall`` adds ``task_mean`` (mean of per-task rates,
         the "average" of published tables) beside the pooled ``rate``.
     """
     by_task: Dict[TaskKey, List[Episode]] = {}
@@ -134,6 +147,11 @@ def _rate_entry(eps: List[Episode]) -> Dict[str, Any]:
         "errors": sum(e.error is not None for e in eps),
         "mean_steps": sum(e.steps for e in eps) / n if n else 0.0,
     }
+    returns = [float(e.episode_return) for e in eps if e.episode_return is not None]
+    if returns:
+        mean, low, high = mean_interval(returns)
+        entry["mean_return"] = mean
+        entry["return_ci95"] = [low, high]
     at_end = [e.success_at_end for e in eps if e.success_at_end is not None]
     if at_end:
         entry["success_at_end_rate"] = sum(at_end) / len(at_end)

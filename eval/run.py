@@ -385,6 +385,7 @@ def run_pairs(
     video: str = "none",
     video_dir: Optional[Path] = None,
     video_fps: float = 20.0,
+    head: Optional[str] = None,
 ) -> None:
     """Run every pair once on ``env``'s N slots, refilling a slot as soon as its episode ends.
 
@@ -401,6 +402,7 @@ def run_pairs(
         video: ``none``, ``failures`` or ``all``.
         video_dir: where MP4s go; records hold paths relative to its parent.
         video_fps: frames per second of the MP4s (one frame per policy query).
+        head: the policy's action head type, recorded in each episode.
 
     Raises:
         EvalError: a video was requested but the env gives no ``main_images``.
@@ -410,6 +412,9 @@ def run_pairs(
     pending: Deque[Pair] = deque(pairs)
     slots: List[Optional[_Slot]] = [None] * n
     elapsed = np.zeros(n, np.int64)  # steps of each slot's episode, as of the last step
+    returns = np.zeros(n, np.float64)  # sum of rewards of each slot's episode
+    queries = np.zeros(n, np.int64)  # act() calls of each slot's episode
+    chunk = [None] * n  # K of the slot's last query
     sinks = [(_VideoSink(video_dir, video_fps) if video != "none" else None) for _ in range(n)]
 
     def start(ids: List[int], first: bool = False) -> Dict[str, Any]:
@@ -420,6 +425,8 @@ def run_pairs(
                 chosen.append(i)
                 chosen_pairs.append(slots[i].pair)
                 elapsed[i] = 0
+                returns[i] = 0.0
+                queries[i] = 0
         if first and len(chosen) < n:
             # The first reset must cover every env: idle slots replay the first pair unrecorded.
             filler = chosen_pairs[0]
@@ -448,7 +455,9 @@ def run_pairs(
         slots[i] = None
         return Episode(task=task, trial=trial, success=bool(success), steps=int(steps),
                        error=error, video=rel, success_at_end=at_end,
-                       instruction=instruction(task), wall_s=round(time.time() - s.t0, 3))
+                       instruction=instruction(task), wall_s=round(time.time() - s.t0, 3),
+                       episode_return=float(returns[i]), queries=int(queries[i]),
+                       action_chunk=chunk[i], open_loop_steps=chunk[i], head=head)
 
     if not pending:
         return
@@ -462,12 +471,18 @@ def run_pairs(
                 if getattr(actions, "ndim", 0) != 3:
                     raise ValueError(f"policy returned actions of shape "
                                      f"{getattr(actions, 'shape', None)}, expected (N, K, A)")
+                for i in active:
+                    queries[i] += 1
+                    chunk[i] = int(actions.shape[1])
                 if actions.shape[1] == 1:
-                    obs, _, term, trunc, info = env.step(actions[:, 0])
+                    obs, rew, term, trunc, info = env.step(actions[:, 0])
                     term, trunc = _np(term)[:, None], _np(trunc)[:, None]
                 else:
-                    obs, _, term, trunc, info = env.chunk_step(actions)
+                    # The whole chunk runs open loop; each env stops at its first done.
+                    obs, rew, term, trunc, info = env.chunk_step(actions)
                     term, trunc = _np(term), _np(trunc)
+                rew = _np(rew).astype(np.float64).reshape(n, -1).sum(1)
+                returns[active] += rew[active]
             except Exception as e:  # noqa: BLE001 - an episode that raises is a failure
                 err = _error_text(e)
                 for i in active:
@@ -521,14 +536,16 @@ def _device_name(device: str) -> str:
     return f"{device} ({platform.processor() or platform.machine()})"
 
 
-def _render_backend(family: str, obs_mode: str) -> str:
+def _render_backend(family: str, obs_mode: str, env: Any = None) -> str:
+    """What the env workers rendered with: their own report (``spec.metadata``) when given."""
+    meta = getattr(getattr(env, "spec", None), "metadata", None) or {}
+    if meta.get("render_backend"):
+        return str(meta["render_backend"])
     if obs_mode == "state":
         return "none (state observations)"
-    if family == "libero":
-        return f"mujoco MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset: glfw)')}"
     if family == "maniskill":
         return "sapien (vulkan)"
-    return "n/a"
+    return "n/a (the env does not report it)"
 
 
 def _auto_obs_mode(req: EvalRequest) -> str:
@@ -554,6 +571,30 @@ def _auto_obs_mode(req: EvalRequest) -> str:
             return "rgb"
         return "rgb" if spec.get("image_shape") else "state"
     return "rgb"
+
+
+def run_max_episode_steps(source: str) -> Optional[int]:
+    """``env.max_episode_steps`` of the training run a ``--policy`` directory belongs to.
+
+    Looks for the run's ``config.yaml`` in the directory and up to three levels above it (a
+    run, ``checkpoints/iter_*`` or ``checkpoints/iter_*/policy``); None when there is none or
+    it sets no limit.
+    """
+    path = Path(source)
+    if not path.is_dir():
+        return None
+    import yaml
+
+    for d in [path, *list(path.resolve().parents)[:3]]:
+        cfg = d / "config.yaml"
+        if cfg.is_file():
+            try:
+                data = yaml.safe_load(cfg.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                return None
+            value = (data.get("env") or {}).get("max_episode_steps") if isinstance(data, dict) else None
+            return int(value) if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def _seed_everything(seed: int) -> None:
@@ -624,9 +665,21 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     from rlinf_embodied.envs.registry import make_env
 
     device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if family.max_steps() is None and "max_episode_steps" not in req.env_overrides:
+        limit = run_max_episode_steps(req.policy)
+        if limit is not None:
+            # The run's own env.max_episode_steps (recorded: the protocol id gets +max_steps).
+            protocol = protocol.with_overrides(max_steps=limit)
+            family.protocol = protocol
     env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
     env = (req.env_factory or make_env)(env_cfg)
     try:
+        if not env.max_episode_steps:
+            raise EvalError(
+                f"--env {req.env} --task {req.task} has no step limit (no registered "
+                "max_episode_steps, none in the protocol or the policy's run config), so an "
+                "episode that never terminates would run forever; pass --max-steps N."
+            )
         ctx = PolicyContext(
             action_low=np.asarray(env.action_spec.low, np.float64),
             action_high=np.asarray(env.action_spec.high, np.float64),
@@ -649,10 +702,12 @@ def evaluate(req: EvalRequest) -> ResultsFile:
                       else "env_seed + trial"},
             "versions": _versions(),
             "version_mismatches": mismatches,
-            "render_backend": _render_backend(req.env, obs_mode),
+            "render_backend": _render_backend(req.env, obs_mode, env),
             "obs_mode": obs_mode,
             "device": _device_name(device),
             "policy": policy.header(),
+            # What one query executes (also in every episode): head, K, open-loop steps.
+            "execution": policy.execution,
             "num_envs": env.num_envs,
             "num_processes": num_processes,
             "env_config": {k: v for k, v in dataclasses.asdict(env_cfg).items()},
@@ -679,7 +734,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         run_pairs(env, policy.act, pending, family.reset, on_finished,
                   ignore_terminations=protocol.ignore_terminations,
                   instruction=family.instruction, video=req.video,
-                  video_dir=output.parent / f"{output.stem}_videos", video_fps=hz)
+                  video_dir=output.parent / f"{output.stem}_videos", video_fps=hz,
+                  head=policy.execution.get("head"))
     finally:
         env.close()
     if req.reports:

@@ -78,6 +78,9 @@ class LoadedPolicy:
         sha256: hash of the checkpoint files / factory source (hex).
         path: resolved checkpoint directory, if any.
         needs_images: whether the policy reads ``main_images`` (False only when known).
+        execution: what one query executes when known before running: ``head`` type,
+            ``action_chunk`` K, ``open_loop_steps``, ``unnorm_key``, ``preprocessing`` (VLA
+            policies); the evaluation adds the chunk length it observes.
     """
 
     act: Callable[[Mapping[str, Any]], Any]
@@ -86,9 +89,10 @@ class LoadedPolicy:
     sha256: str
     path: Optional[str] = None
     needs_images: bool = True
+    execution: Dict[str, Any] = field(default_factory=dict)
 
     def header(self) -> Dict[str, Any]:
-        """The results-header entry of the policy."""
+        """The results-header entry of the policy (``execution`` goes in the header beside it)."""
         return {"source": self.source, "kind": self.kind, "sha256": self.sha256,
                 "path": self.path}
 
@@ -239,6 +243,15 @@ def _spec_of(ctx: PolicyContext) -> Any:
     )
 
 
+def _execution(policy: Any) -> Dict[str, Any]:
+    """``policy.execution()`` when it has one, else its type and action chunk."""
+    if hasattr(policy, "execution"):
+        return dict(policy.execution())
+    k = int(getattr(policy, "action_chunk", 1))
+    return {"head": getattr(getattr(policy, "config", None), "type", type(policy).__name__),
+            "action_chunk": k, "open_loop_steps": k}
+
+
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                      expected_type: Optional[str]) -> LoadedPolicy:
     from rlinf_embodied.policies.registry import PolicyCheckpointError, load_policy
@@ -264,7 +277,7 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
             "trained on."
         )
     return LoadedPolicy(_greedy(policy), source, "checkpoint", hash_files(ckpt), str(ckpt),
-                        needs_images=have.image_shape is not None)
+                        needs_images=have.image_shape is not None, execution=_execution(policy))
 
 
 def vla_type(path: Path) -> str:
@@ -275,6 +288,96 @@ def vla_type(path: Path) -> str:
     return "openvla"
 
 
+def _head_file(path: Path, prefix: str) -> Optional[Path]:
+    files = sorted(p for p in path.glob(f"{prefix}--*") if p.suffix == ".pt" and "checkpoint" in p.name)
+    return files[0] if files else None
+
+
+def oft_layout(path: Path, ctx: PolicyContext) -> Dict[str, Any]:
+    """Policy config fields implied by the head files of a published OpenVLA-OFT directory.
+
+    * ``action_head--*checkpoint.pt``: the L1-regression head (``action_head=continuous``),
+      with the agentview + wrist images the published LIBERO models take when the env has a
+      wrist camera (OFT checkpoints do not record their image count);
+    * ``proprio_projector--*checkpoint.pt``: ``use_proprio`` with ``proprio_dim`` read from
+      the projector's ``fc1`` weight;
+    * no head file: the discrete-token model RL systems start from (one image, no proprio);
+      such a directory looks like OpenVLA's, so it is OFT only with ``--policy-type openvla_oft``.
+
+    Raises:
+        PolicySourceError: a diffusion head (``noisy_action_projector--*``) or a FiLM vision
+            backbone (``vision_backbone--*``), which this framework does not implement.
+    """
+    import torch
+
+    for marker, what in (("noisy_action_projector", "a diffusion action head"),
+                         ("vision_backbone", "a FiLM-conditioned vision backbone")):
+        f = _head_file(path, marker)
+        if f is not None:
+            raise PolicySourceError(
+                f"{path} holds {what} ({f.name}), which rlinf-embodied does not implement; "
+                "evaluate an L1-regression or discrete-token OpenVLA-OFT checkpoint instead."
+            )
+    head, proprio = _head_file(path, "action_head"), _head_file(path, "proprio_projector")
+    fields: Dict[str, Any] = {"action_head": "continuous" if head is not None else "discrete",
+                              "use_proprio": proprio is not None}
+    if proprio is not None:
+        sd = torch.load(proprio, map_location="cpu", weights_only=True)
+        w = sd.get("module.fc1.weight", sd.get("fc1.weight"))
+        if w is None or w.ndim != 2:
+            raise PolicySourceError(
+                f"{proprio} has no fc1.weight (keys: {sorted(sd)[:4]}); it is not an OFT proprio "
+                "projector."
+            )
+        fields["proprio_dim"] = int(w.shape[1])
+    fields["use_wrist_image"] = head is not None and "wrist_images" in ctx.obs_shapes
+    return fields
+
+
+def _norm_stats_keys(path: Path) -> List[str]:
+    import json
+
+    for name in ("dataset_statistics.json", "config.json"):
+        p = path / name
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text())
+            except json.JSONDecodeError:
+                continue
+            data = data.get("norm_stats", {}) if name == "config.json" else data
+            if isinstance(data, dict) and data:
+                return sorted(data)
+    return []
+
+
+def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Optional[str]:
+    """The un-normalisation key of a published checkpoint for this evaluation.
+
+    ``candidates`` (a template or a list of templates with ``{suite}``) are tried in order, as
+    upstream tries ``{suite}`` then ``{suite}_no_noops``; a checkpoint with statistics for one
+    dataset only uses that one.
+
+    Returns:
+        The key, or None when no template applies and the checkpoint has one dataset.
+
+    Raises:
+        PolicySourceError: several datasets and none of the candidates (lists them).
+    """
+    keys = _norm_stats_keys(path)
+    if isinstance(candidates, str):
+        candidates = [candidates]
+    tried = [c.format(suite=suite) for c in (candidates or []) if suite or "{suite}" not in c]
+    for key in tried:
+        if key in keys:
+            return key
+    if len(keys) <= 1:
+        return keys[0] if keys else None
+    raise PolicySourceError(
+        f"{path} has statistics for {keys} but none of {tried or ['(no suite)']}; it was not "
+        "fine-tuned on this suite, or pass a checkpoint whose dataset_statistics.json names it."
+    )
+
+
 def _load_vla(path: Path, source: str, ctx: PolicyContext,
               expected_type: Optional[str]) -> LoadedPolicy:
     from rlinf_embodied.policies.registry import build_policy, policy_types
@@ -282,6 +385,10 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
     from rlinf_embodied.config import config_class
 
     kind = vla_type(path)
+    if expected_type == "openvla_oft" and kind == "openvla":
+        # No head files: a discrete-token OFT model (the SFT checkpoints RL systems start from)
+        # is laid out like OpenVLA; --policy-type says which it is.
+        kind = "openvla_oft"
     if expected_type is not None and expected_type != kind:
         raise PolicySourceError(
             f"{path} is a published {kind} checkpoint but --policy-type is {expected_type}; "
@@ -294,36 +401,23 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
             "rlinf-embodied[vla]."
         )
     conventions = dict(getattr(ctx.protocol, "vla_conventions", {}) or {})
-    unnorm = conventions.pop("unnorm_key", None)
-    if unnorm and ctx.suite:
-        unnorm = unnorm.format(suite=ctx.suite)
+    unnorm = choose_unnorm_key(path, conventions.pop("unnorm_key", None), ctx.suite)
     cls = config_class("policy", kind)
     fields = set(getattr(cls, "__dataclass_fields__", {}))
     kwargs = {k: v for k, v in conventions.items() if k in fields}
-    if unnorm and "unnorm_key" in fields and _has_stats_key(path, unnorm):
+    if kind == "openvla_oft":
+        kwargs.update(oft_layout(path, ctx))
+    if unnorm is not None:
         kwargs["unnorm_key"] = unnorm
     cfg = cls(type=kind, pretrained=str(path), **kwargs)
     try:
         policy = build_policy(cfg, _spec_of(ctx)).to(ctx.device)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise PolicySourceError(f"Cannot build the {kind} policy from {path}: {e}") from None
-    return LoadedPolicy(_greedy(policy), source, kind, hash_files(path), str(path))
-
-
-def _has_stats_key(path: Path, key: str) -> bool:
-    import json
-
-    for name in ("dataset_statistics.json", "config.json"):
-        p = path / name
-        if p.is_file():
-            try:
-                data = json.loads(p.read_text())
-            except json.JSONDecodeError:
-                continue
-            data = data.get("norm_stats", data) if name == "config.json" else data
-            if isinstance(data, dict) and key in data:
-                return True
-    return False
+    execution = dict(policy.execution())
+    execution.update({k: getattr(cfg, k) for k in ("use_wrist_image", "use_proprio") if k in fields})
+    return LoadedPolicy(_greedy(policy), source, kind, hash_files(path), str(path),
+                        execution=execution)
 
 
 def resolve_policy(source: str, ctx: PolicyContext,
@@ -343,7 +437,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
         if expected_type not in (None, "random"):
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
         sha = hashlib.sha256(b"random").hexdigest()
-        return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False)
+        return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
+                            execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1})
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():

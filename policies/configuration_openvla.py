@@ -40,6 +40,12 @@ class VLAPolicyConfig(PolicyConfig):
     center_crop: bool = True
     """Crop the central 90% of the image area and resize back (OpenVLA/OFT LIBERO models were
     fine-tuned with random-crop augmentation; set False for models trained without it)."""
+    image_preprocessing: str = "auto"
+    """``upstream``: JPEG q95 round trip, Lanczos-3 resize, TF ``crop_and_resize`` centre crop and
+    the checkpoint's ``preprocessor_config.json`` mean/std, as the openvla / openvla-oft LIBERO
+    evals (per image on the CPU); ``fast``: batched bilinear resize and crop on the device
+    (a few grey levels off); ``auto``: upstream when ``pretrained`` is set, else fast
+    (policies/preprocessing.py)."""
     gripper_to_signed: bool = False
     """Map the gripper output from [0, 1] to [-1, 1] (openvla_v1 LIBERO protocol: true)."""
     gripper_binarize: bool = False
@@ -86,6 +92,11 @@ class VLAPolicyConfig(PolicyConfig):
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ConfigError(
                 f"policy.attn_implementation must be sdpa or eager (got {self.attn_implementation!r})."
+            )
+        if self.image_preprocessing not in ("auto", "fast", "upstream"):
+            raise ConfigError(
+                "policy.image_preprocessing must be auto, fast or upstream (got "
+                f"{self.image_preprocessing!r})."
             )
         if self.max_prompt_tokens < 8:
             raise ConfigError(f"policy.max_prompt_tokens must be >= 8 (got {self.max_prompt_tokens}).")

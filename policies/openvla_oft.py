@@ -167,9 +167,22 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         dtype = next(self.vlm.parameters()).dtype
         self.proprio_projector = ProprioProjector(d, config.proprio_dim).to(dtype) if config.use_proprio else None
         self.proprio_norm = None
-        if config.use_proprio and "proprio" in self.dataset_stats:
+        if config.use_proprio:
+            if "proprio" not in self.dataset_stats:
+                raise ValueError(
+                    f"policy.use_proprio is true but the statistics of {self.unnorm_key!r} have no "
+                    f"'proprio' entry (have {sorted(self.dataset_stats)}); raw proprio would be fed "
+                    "unnormalised. Use a checkpoint with proprio statistics or set "
+                    "policy.use_proprio=false."
+                )
             self.proprio_norm = ActionNormalizer.from_stats(self.dataset_stats["proprio"])
+            if self.proprio_norm.dim != config.proprio_dim:
+                raise ValueError(
+                    f"The proprio statistics of {self.unnorm_key!r} have {self.proprio_norm.dim} "
+                    f"dims but policy.proprio_dim={config.proprio_dim}; set policy.proprio_dim."
+                )
         continuous = config.action_head == "continuous"
+        self.head_type = "l1_regression" if continuous else "parallel_tokens"
         self.action_head = L1RegressionActionHead(d, a).to(dtype) if continuous else None
         self.action_log_std = (
             nn.Parameter(torch.full((a,), float(config.init_log_std))) if continuous else None
@@ -203,10 +216,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         """One forward pass; (N, K*A, D) hidden states at the action readout positions."""
         extra = None
         if self.proprio_projector is not None:
-            s = fi["states"]
-            if self.proprio_norm is not None:
-                s = self.proprio_norm.normalize(s)
-            extra = self.proprio_projector(s)[:, None]
+            extra = self.proprio_projector(self.proprio_norm.normalize(fi["states"]))[:, None]
         prefix, valid = self.prefix(fi, extra)
         n, l0, d = prefix.shape
         slots = torch.zeros(n, self.num_action_tokens, d, dtype=prefix.dtype, device=prefix.device)

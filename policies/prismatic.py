@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,8 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlinf_embodied.policies.preprocessing import ImagePreprocessor, read_preprocessor_stats
+
 __all__ = [
-    "ImagePreprocessor",
+    "backbone_stats",
+    "image_preprocessor",
     "PrismaticArchConfig",
     "PrismaticVLM",
     "PromptTokenizer",
@@ -585,71 +587,41 @@ class PromptTokenizer:
         return ids.to(device), valid.to(device)
 
 
-class ImagePreprocessor:
-    """OpenVLA image preprocessing in torch: resize, optional centre crop, per-backbone normalise.
+def backbone_stats(vlm: PrismaticVLM) -> tuple[list[list[float]], list[list[float]]]:
+    """Per-backbone normalisation (means, stds) of the timm pretrained configs (DINOv2: ImageNet
+    statistics, SigLIP: 0.5 / 0.5), in the order of the stacked pixel channels."""
+    vits = [vlm.vision_backbone.featurizer]
+    if vlm.vision_backbone.fused_featurizer is not None:
+        vits.append(vlm.vision_backbone.fused_featurizer)
+    means = [list(map(float, v.pretrained_cfg.get("mean", (0.5, 0.5, 0.5)))) for v in vits]
+    stds = [list(map(float, v.pretrained_cfg.get("std", (0.5, 0.5, 0.5)))) for v in vits]
+    return means, stds
 
-    Steps (OpenVLA LIBERO eval and ``PrismaticImageProcessor`` with ``resize-naive``):
-    1. uint8 (N, H, W, 3) -> float in [0, 1];
-    2. resize to S x S (bilinear, antialiased; upstream resizes with PIL Lanczos then bicubic,
-       which differs by a few grey levels);
-    3. if ``center_crop``: crop the central ``crop_area`` of the area (side ``sqrt(0.9) S``) and
-       resize back to S (upstream ``tf.image.crop_and_resize`` with scale 0.9, used when the model
-       was fine-tuned with random-crop augmentation);
-    4. normalise with each backbone's mean/std (timm pretrained config: DINOv2 ImageNet
-       statistics, SigLIP 0.5/0.5) and stack the copies on channels.
 
-    Args:
-        image_size: S.
-        means: per backbone, 3 floats.
-        stds: per backbone, 3 floats.
-        center_crop: apply step 3.
-        crop_area: fraction of the area kept by the crop (0.9 in OpenVLA/OFT).
+def image_preprocessor(vlm: PrismaticVLM, center_crop: bool, mode: str,
+                       pretrained: str | os.PathLike | None = None) -> ImagePreprocessor:
+    """The :class:`~rlinf_embodied.policies.preprocessing.ImagePreprocessor` of a model.
+
+    Means/stds come from ``pretrained``'s ``preprocessor_config.json`` when it has one (what
+    the upstream processor uses), else from the backbones' timm configs.
+
+    Raises:
+        ValueError: unknown ``mode`` or a malformed preprocessor config.
     """
-
-    def __init__(
-        self,
-        image_size: int,
-        means: Sequence[Sequence[float]],
-        stds: Sequence[Sequence[float]],
-        center_crop: bool = False,
-        crop_area: float = 0.9,
-    ):
-        self.image_size = int(image_size)
-        self.mean = torch.tensor([list(m) for m in means], dtype=torch.float32).reshape(-1, 1, 1)
-        self.std = torch.tensor([list(s) for s in stds], dtype=torch.float32).reshape(-1, 1, 1)
-        self.copies = len(means)
-        self.center_crop = center_crop
-        self.crop_area = crop_area
-
-    @classmethod
-    def for_model(cls, vlm: PrismaticVLM, center_crop: bool) -> ImagePreprocessor:
-        """Statistics from the backbones' timm pretrained configs."""
-        vits = [vlm.vision_backbone.featurizer]
-        if vlm.vision_backbone.fused_featurizer is not None:
-            vits.append(vlm.vision_backbone.fused_featurizer)
-        means = [tuple(v.pretrained_cfg.get("mean", (0.5, 0.5, 0.5))) for v in vits]
-        stds = [tuple(v.pretrained_cfg.get("std", (0.5, 0.5, 0.5))) for v in vits]
-        return cls(vlm.arch.image_sizes[0], means, stds, center_crop)
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """(N, H, W, 3) uint8 -> (N, 3 * copies, S, S) float32 on the images' device.
-
-        Raises:
-            ValueError: if the images are not (N, H, W, 3).
-        """
-        if images.ndim != 4 or images.shape[-1] != 3:
-            raise ValueError(f"images must be (N, H, W, 3) uint8 (got {tuple(images.shape)}).")
-        s = self.image_size
-        x = images.permute(0, 3, 1, 2).float() / 255.0
-        if tuple(x.shape[-2:]) != (s, s):
-            x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
-        if self.center_crop:
-            side = max(1, round(s * math.sqrt(self.crop_area)))
-            top = (s - side) // 2
-            x = x[:, :, top : top + side, top : top + side]
-            x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
-        x = x.clamp(0.0, 1.0).repeat(1, self.copies, 1, 1)
-        return (x - self.mean.to(x.device)) / self.std.to(x.device)
+    stats = read_preprocessor_stats(pretrained) if pretrained else None
+    if stats is not None and len(stats[0]) != vlm.vision_backbone.num_backbones:
+        raise ValueError(
+            f"{Path(pretrained) / PREPROCESSOR_NAME} has {len(stats[0])} mean/std sets but the "
+            f"model has {vlm.vision_backbone.num_backbones} vision backbones; restore the published file."
+        )
+    if stats is None:
+        means, stds = backbone_stats(vlm)
+        source = "timm backbone configs"
+    else:
+        means, stds = stats
+        source = PREPROCESSOR_NAME
+    return ImagePreprocessor(vlm.arch.image_sizes[0], means, stds, center_crop, mode,
+                             stats_source=source)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -771,7 +743,8 @@ def save_prismatic(
     max_shard_bytes: int = 4 << 30,
     dtype: torch.dtype | None = None,
 ) -> list[Path]:
-    """Write ``config.json``, safetensors shards + index and ``dataset_statistics.json``.
+    """Write ``config.json``, safetensors shards + index, ``dataset_statistics.json`` and (unless
+    present) ``preprocessor_config.json`` with the backbones' means/stds.
 
     Shards are named ``model-0000x-of-0000y.safetensors`` with a
     ``model.safetensors.index.json`` (HF sharding layout), even for one shard.
@@ -826,6 +799,17 @@ def save_prismatic(
         cfg["norm_stats"] = dict(norm_stats)
         (path / STATS_NAME).write_text(json.dumps(dict(norm_stats), indent=2))
     (path / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
+    if not (path / PREPROCESSOR_NAME).exists():
+        means, stds = backbone_stats(vlm)
+        n = len(means)
+        (path / PREPROCESSOR_NAME).write_text(json.dumps({
+            "image_processor_type": "PrismaticImageProcessor",
+            "image_resize_strategy": "resize-naive",
+            "input_sizes": [[3, s, s] for s in vlm.arch.image_sizes[:n]],
+            "interpolations": ["bicubic"] * n,
+            "means": means, "stds": stds,
+            "use_fused_vision_backbone": n == 2,
+        }, indent=2))
     return files
 
 

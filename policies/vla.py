@@ -32,13 +32,13 @@ from rlinf_embodied.policies.action_tokenizer import (
 )
 from rlinf_embodied.policies.base import Evaluation, Policy, SpaceSpec, obs_tensor
 from rlinf_embodied.policies.prismatic import (
-    ImagePreprocessor,
     PrismaticArchConfig,
     PrismaticVLM,
     PromptTokenizer,
     apply_lora,
     enable_gradient_checkpointing,
     identity_norm_stats,
+    image_preprocessor,
     load_prismatic,
     merged_state_dict,
     openvla_7b_arch_dict,
@@ -58,6 +58,11 @@ __all__ = ["VLAPolicyBase"]
 class VLAPolicyBase(Policy):
     """Base of the OpenVLA policies; subclasses implement ``act`` and ``evaluate``.
 
+    Attributes:
+        head_type: how actions are decoded (``autoregressive_tokens``, ``parallel_tokens`` or
+            ``l1_regression``), recorded in results headers by :meth:`execution`.
+        unnorm_key: the dataset whose statistics un-normalise actions.
+
     Args:
         config: a :class:`~rlinf_embodied.policies.configuration_openvla.VLAPolicyConfig` subclass.
         spec: the env's spaces; its action dim must equal the statistics' (7 for LIBERO).
@@ -66,6 +71,8 @@ class VLAPolicyBase(Policy):
     Raises:
         ValueError: the checkpoint's statistics do not match ``spec`` (names the fix).
     """
+
+    head_type = "autoregressive_tokens"
 
     def fsdp_units(self) -> list[nn.Module]:
         """One FSDP2 unit per Llama decoder layer and ViT block (see prismatic.fsdp_block_classes)."""
@@ -98,6 +105,7 @@ class VLAPolicyBase(Policy):
         self.prompts = tok
         self.norm_stats = norm_stats
         self.dataset_stats = select_norm_stats(norm_stats, config.unnorm_key)
+        self.unnorm_key = config.unnorm_key or next(iter(norm_stats))
         self.action_norm = ActionNormalizer.from_stats(self.dataset_stats["action"])
         if self.action_norm.dim != spec.action_dim:
             raise ValueError(
@@ -109,7 +117,10 @@ class VLAPolicyBase(Policy):
             to_signed=config.gripper_to_signed, binarize=config.gripper_binarize,
             invert=config.gripper_invert,
         )
-        self.images = ImagePreprocessor.for_model(vlm, config.center_crop)
+        mode = config.image_preprocessing
+        if mode == "auto":
+            mode = "upstream" if config.pretrained else "fast"
+        self.images = image_preprocessor(vlm, config.center_crop, mode, config.pretrained)
         self.value_head = ValueHead(vlm.llm_dim, config.value_head_hidden) if config.critic else None
         if config.lora_rank > 0:
             alpha = config.lora_alpha if config.lora_alpha is not None else min(config.lora_rank, 16)
@@ -193,8 +204,18 @@ class VLAPolicyBase(Policy):
         return chosen, entropy
 
     def to_env(self, normalized: torch.Tensor) -> torch.Tensor:
-        """(N, K, A) normalised actions -> env units (un-normalise, gripper convention)."""
-        return self.gripper.apply(self.action_norm.unnormalize(normalized.clamp(-1.0, 1.0)))
+        """(N, K, A) normalised actions -> env units (un-normalise, gripper convention).
+
+        Not clipped first: upstream un-normalises the L1 head's output as it is, so values
+        beyond [-1, 1] map beyond q01/q99 (token bins are inside [-1, 1] by construction).
+        """
+        return self.gripper.apply(self.action_norm.unnormalize(normalized))
+
+    def execution(self) -> dict[str, Any]:
+        """What one query executes, for results headers: head type, K, open-loop steps, inputs."""
+        return {"head": self.head_type, "action_chunk": self.action_chunk,
+                "open_loop_steps": self.action_chunk, "unnorm_key": self.unnorm_key,
+                "preprocessing": self.images.describe()}
 
     def require_samples(self, fi: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``fi["action_samples"]``, or an error naming what to pass.

@@ -34,6 +34,15 @@ def _add_eval_app() -> None:
 _add_eval_app()
 
 
+def _add_sft_commands() -> None:
+    from rlinf_embodied.sft.cli import register  # light: typer only
+
+    register(app)  # demos, sft, finetune, sft-rl
+
+
+_add_sft_commands()
+
+
 def _fail(msg: str, code: int = 2) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -167,8 +176,17 @@ def train(
         from rlinf_embodied.runners.setup import validate_job
 
         validate_job(cfg)
+        if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
+            from rlinf_embodied.sft.gate import GateError, gate_for_job
+
+            try:
+                gate_for_job(cfg, run_dir, log=typer.echo)
+            except GateError as e:
+                _fail(str(e), code=3)
         from rlinf_embodied.runners.embodied import EmbodiedRunner
 
+        if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
+            from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
         typer.echo(f"run directory: {run_dir}")
         runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume))
     except ConfigError as e:

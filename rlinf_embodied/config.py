@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rlinf_embodied.elastic.config import ElasticConfig
+
 __all__ = [
     "ConfigError",
     "config_class",
@@ -347,6 +349,8 @@ class JobConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic, preemptible rollout workers (rlinf_embodied/elastic/config.py)."""
 
 
 # Sections whose dataclass is chosen by their ``type`` key.

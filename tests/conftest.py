@@ -20,6 +20,6 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="rlinf_tests")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="rlinf_tests")
     yield
     ray.shutdown()

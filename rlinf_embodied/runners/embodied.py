@@ -25,6 +25,9 @@ __all__ = ["EmbodiedRunner"]
 class EmbodiedRunner:
     """Runs one training job in ``run_dir`` (resumes from its latest checkpoint if ``resume``)."""
 
+    actor_cls = None
+    """Actor worker class (None: ActorWorker); the elastic runner swaps in its own."""
+
     def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         save_config(cfg, self.run_dir)
@@ -36,7 +39,8 @@ class EmbodiedRunner:
             self.state = json.loads((ckpt / "runner_state.json").read_text())
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
         try:
-            self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt)
+            self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt,
+                                   actor_cls=self.actor_cls)
         except BaseException:
             if not resume and [p.name for p in self.run_dir.iterdir()] == ["config.yaml"]:
                 shutil.rmtree(self.run_dir)  # nothing ran: leave no empty run directory behind
@@ -58,17 +62,7 @@ class EmbodiedRunner:
             while self.state["iteration"] < t.iterations and not self._stop:
                 it = self.state["iteration"]
                 m = {"time/weight_sync_s": g.sync.push(it)}
-                t0 = time.perf_counter()
-                serve = g.rollout.serve(PerRank(g.requests_per_rank), it)
-                env = g.env.rollout(it)
-                env_stats, _ = wait_all(env, serve)
-                m["time/rollout_s"] = time.perf_counter() - t0
-                m["time/env_step_s"] = max(s["env_time_s"] for s in env_stats)
-                m["time/generate_s"] = serve.timing.max
-                t0 = time.perf_counter()
-                train = g.actor.train(it)
-                tm = train.wait()
-                m["time/train_s"] = time.perf_counter() - t0
+                env_stats, tm = self._rollout_and_train(it, m)
                 m["time/context_switch_s"] = max(
                     sum(grp.context_switch_seconds().wait()) for grp in (g.env, g.rollout, g.actor))
                 m.update({k: sum(d[k] for d in tm) / len(tm) for k in tm[0]})
@@ -110,6 +104,27 @@ class EmbodiedRunner:
             plot_curves(self.run_dir)
             g.shutdown()
         return self.state
+
+    def _rollout_and_train(self, it: int, m: dict):
+        """Iteration ``it``'s rollout, then one update; adds ``time/...`` entries to ``m``.
+
+        The hook the elastic runner (rlinf_embodied/elastic/runner.py) overrides.
+
+        Returns:
+            (per-env-rank rollout stats, per-actor-rank train metrics).
+        """
+        g = self.g
+        t0 = time.perf_counter()
+        serve = g.rollout.serve(PerRank(g.requests_per_rank), it)
+        env = g.env.rollout(it)
+        env_stats, _ = wait_all(env, serve)
+        m["time/rollout_s"] = time.perf_counter() - t0
+        m["time/env_step_s"] = max(s["env_time_s"] for s in env_stats)
+        m["time/generate_s"] = serve.timing.max
+        t0 = time.perf_counter()
+        tm = g.actor.train(it).wait()
+        m["time/train_s"] = time.perf_counter() - t0
+        return env_stats, tm
 
     def evaluate(self, iteration: int, videos: int = 0) -> dict:
         """Greedy, fixed-length evaluation on seeds disjoint from training; writes eval JSON."""

@@ -114,9 +114,10 @@ class Groups:
 
 
 def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Optional[Path],
-                  plan=None) -> Groups:
+                  plan=None, actor_cls=None) -> Groups:
     """Start the cluster, the channels and the env / rollout / actor groups of ``cfg``
-    (placed by ``plan`` when given, else by ``cfg.placement``)."""
+    (placed by ``plan`` when given, else by ``cfg.placement``; ``actor_cls`` replaces
+    ActorWorker, e.g. the elastic runner's subclass)."""
     from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
@@ -146,7 +147,8 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     for r in range(ranks["env"]):
         for a, _, _ in actor_slices(r * per_env_rank, per_env_rank, cfg.env.num_envs, ranks["actor"]):
             streams[a] += 1
-    actor = WorkerGroup.from_plan(cluster, plan, "actor", ActorWorker, init_args=(cfg, spec, names, 0))
+    actor = WorkerGroup.from_plan(cluster, plan, "actor", actor_cls or ActorWorker,
+                                  init_args=(cfg, spec, names, 0))
     for a in range(ranks["actor"]):
         actor.on([a]).set_num_streams(streams[a]).wait()
     actor.init_process_group()

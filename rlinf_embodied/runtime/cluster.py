@@ -55,7 +55,9 @@ class Cluster:
             init_kwargs = dict(namespace=namespace, log_to_driver=log_to_driver)
             if address is None:
                 init_kwargs.update(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False)
-            ray.init(address=address, **init_kwargs)
+            # "local" always starts a new embedded Ray: without it ray.init attaches to any
+            # cluster a `ray start` left running on the machine (another user's, another job's).
+            ray.init(address=address or "local", **init_kwargs)
         self.num_cpu_devices = num_cpu_devices
         self.devices: list[Device] = self._enumerate_devices()
         self._node_cpus = {n["NodeID"]: int(n["Resources"].get("CPU", 1)) for n in _alive_nodes()}

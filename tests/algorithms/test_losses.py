@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlinf_embodied.algorithms import get_loss, k3_kl, ppo_loss, ppo_policy_loss, value_loss
+from rlinf_embodied.algorithms import k3_kl, ppo_loss, ppo_policy_loss, value_loss
 from rlinf_embodied.algorithms.utils import sum_to_level
 
 B, K, A = 7, 3, 4

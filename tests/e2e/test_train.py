@@ -111,7 +111,7 @@ def test_run_directory_contents(ray_session, tmp_path):
         together |= {x.split("[")[0] for x in held} >= {"env", "rollout"}
     assert together
     assert (run / "config.yaml").exists() and load_config(run / "config.yaml").trainer.iterations == 2
-    hist = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    hist = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in hist] == [1, 2]
     for key in ("time/env_step_s", "time/generate_s", "time/train_s", "time/weight_sync_s",
                 "train/approx_kl", "train/clip_fraction", "train/entropy", "train/grad_norm",
@@ -145,7 +145,7 @@ def test_ppo_learns_toy_env(ray_session, tmp_path):
         "trainer.eval_every=30", "eval.num_episodes=8", "eval.num_videos=0",
         "policy.hidden_sizes=[64,64]", "trainer.lr=0.001"])
     EmbodiedRunner(cfg, tmp_path / "learn").run()
-    hist = [json.loads(l) for l in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
+    hist = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
     first = hist[0]["rollout/episode_return"]
     last = hist[-1]["eval/episode_return"]
     # Random policy: about 0; optimal: about 10.4 (envs/toy.py). 30 x 400 = 12k env steps.
@@ -162,7 +162,7 @@ def test_env_process_killed_mid_rollout(ray_session, tmp_path):
         "algorithm.gamma=0.5"])
     state = EmbodiedRunner(cfg, tmp_path / "fault").run()
     assert state["iteration"] == 3
-    hist = [json.loads(l) for l in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
+    hist = [json.loads(line) for line in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
     assert all(h["rollout/env_errors"] >= 1 for h in hist), [h["rollout/env_errors"] for h in hist]
     # the crashed episodes were recorded (as truncated), not lost
     assert all(h["rollout/episodes"] >= h["rollout/env_errors"] for h in hist)

@@ -141,3 +141,31 @@ def in_process(sub_batch_cls):
     def factory(cfg):
         return VectorBatchedEnv(functools.partial(sub_batch_cls, cfg), cfg, num_processes=0)
     return factory
+
+
+def reach_chunk4(ctx):
+    """:func:`reach` repeated as a chunk of K=4 actions per query."""
+    inner = reach(ctx)
+
+    def act(obs):
+        return np.repeat(inner(obs)[:, None], 4, axis=1)
+    return act
+
+
+try:
+    import gymnasium as _gym
+
+    class NeverEnds(_gym.Env):
+        """A gymnasium env that never terminates and has no registered step limit."""
+
+        observation_space = _gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        action_space = _gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(3, np.float32), 0.5, False, False, {}
+except ImportError:  # pragma: no cover
+    pass

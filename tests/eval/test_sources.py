@@ -31,9 +31,12 @@ def test_published_vla_directory(tmp_path, kind, chunk):
            "wrist_images": np.zeros((2, 32, 32, 3), np.uint8),
            "states": np.zeros((2, 8), np.float32), "task_descriptions": ["open the drawer"] * 2}
     assert tuple(loaded.act(obs).shape) == (2, chunk, 7)
-    other = "openvla" if kind == "openvla_oft" else "openvla_oft"
-    with pytest.raises(PolicySourceError, match=f"published {kind} checkpoint but --policy-type"):
-        resolve_policy(str(tmp_path / "vla"), _ctx(), expected_type=other)
+    if kind == "openvla_oft":
+        with pytest.raises(PolicySourceError, match="published openvla_oft checkpoint but --policy-type"):
+            resolve_policy(str(tmp_path / "vla"), _ctx(), expected_type="openvla")
+    else:  # no head files: --policy-type openvla_oft reads it as a discrete-token OFT model
+        as_oft = resolve_policy(str(tmp_path / "vla"), _ctx(), expected_type="openvla_oft")
+        assert as_oft.kind == "openvla_oft" and tuple(as_oft.act(obs).shape) == (2, 8, 7)
 
 
 def test_run_directory_resolves_latest_checkpoint(tmp_path):

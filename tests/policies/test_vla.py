@@ -195,7 +195,8 @@ def test_save_pretrained_like_writes_published_layout_and_reloads(obs, tmp_path)
     head = torch.load(d / "action_head--150000_checkpoint.pt", weights_only=True)
     assert "module.model.fc1.weight" in head and "module.model.mlp_resnet_blocks.1.ffn.1.weight" in head
     # LoRA merged into the base weights: a plain (adapter-free) policy loaded from it matches.
-    q = oft(action_head="continuous", pretrained=str(d))
+    # (fast preprocessing: "auto" would pick the upstream path for a pretrained directory)
+    q = oft(action_head="continuous", pretrained=str(d), image_preprocessing="fast")
     q.action_log_std.data.copy_(p.action_log_std.data)
     assert torch.allclose(q.act(obs, "greedy").actions, p.act(obs, "greedy").actions, atol=1e-5)
 

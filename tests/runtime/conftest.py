@@ -1,7 +1,6 @@
 """One Ray instance for the whole runtime test session (Ray start costs ~5 s on 2 cores)."""
 
 import pytest
-import ray
 from ray import cloudpickle
 
 from rlinf_embodied.runtime import Cluster

@@ -1,0 +1,105 @@
+"""The embodied runner with elastic rollout: shards on a pool of reserved and preemptible
+workers instead of the placed env + rollout groups (which still run evaluations).
+
+Trajectories of finished shards come back to the driver (on the reserved node) and go to the
+actor ranks in shard order, so a result survives the loss of the node that produced it and the
+batch is the same whoever ran which shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from rlinf_embodied.checkpoint import atomic_write_json
+from rlinf_embodied.config import JobConfig
+from rlinf_embodied.runners.embodied import EmbodiedRunner
+from rlinf_embodied.runners.setup import Groups
+from rlinf_embodied.runtime import PerRank
+from rlinf_embodied.workers.actor_worker import ActorWorker
+from rlinf_embodied.workers.env_worker import cat_env_axis
+
+__all__ = ["ElasticActorWorker", "ElasticEmbodiedRunner", "ElasticGroups"]
+
+
+class ElasticActorWorker(ActorWorker):
+    """An actor rank that receives its shards' trajectories as call arguments."""
+
+    def train_parts(self, iteration: int, parts: List[dict]) -> Dict[str, float]:
+        """One policy update on ``parts`` (this rank's shard trajectories, in shard order)."""
+        with self.device_lock():
+            metrics = self._update(cat_env_axis(parts), iteration)
+            self.scheduler.step()
+            self.version += 1
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+
+@dataclasses.dataclass
+class ElasticGroups(Groups):
+    """:class:`~rlinf_embodied.runners.setup.Groups` plus the elastic pool (stopped first)."""
+
+    pool: object = None
+
+    def shutdown(self, keep_cluster: bool = False) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        super().shutdown(keep_cluster)
+
+
+class ElasticEmbodiedRunner(EmbodiedRunner):
+    """:class:`~rlinf_embodied.runners.embodied.EmbodiedRunner` with ``cfg.elastic`` rollout.
+
+    Args:
+        cfg: the job config (``cfg.elastic.enabled`` need not be set: this runner is elastic).
+        run_dir: the run directory (``elastic/iter_<i>.json`` records go there).
+        resume: resume from the latest checkpoint.
+        node_provider: kills/restores nodes for ``elastic.preemption.target: node``.
+    """
+
+    actor_cls = ElasticActorWorker
+
+    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False, node_provider=None):
+        super().__init__(cfg, run_dir, resume)
+        from rlinf_embodied.elastic.pool import ElasticRolloutPool
+        from rlinf_embodied.elastic.weights import ElasticWeightSync, weight_store
+
+        g = self.g
+        try:
+            name = f"elastic-weights:{self.run_dir.name}:{id(self):x}"
+            store = weight_store(name, create=True)
+            spec = g.env.on([0]).space_spec().wait()[0]
+            pool = ElasticRolloutPool(self.cfg, spec, name, g.actor.world_size, node_provider)
+            self.g = ElasticGroups(**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)},
+                                   pool=pool)
+            self.g.sync = ElasticWeightSync(g.actor, g.rollout, store)
+            self._store = store
+            pool.start()
+        except BaseException:
+            self.g.shutdown()
+            raise
+
+    def _rollout_and_train(self, it: int, m: dict):
+        """Rollout through the pool, then train each actor rank on its shards."""
+        g = self.g
+        t0 = time.perf_counter()
+        res = g.pool.collect(it, g.sync.version)
+        m["time/rollout_s"] = time.perf_counter() - t0
+        m["time/env_step_s"] = max(s["env_time_s"] for s in res.stats)
+        m.update(res.metrics)
+        if self.cfg.elastic.records:
+            atomic_write_json(self.run_dir / "elastic" / f"iter_{it:06d}.json", res.record)
+        t0 = time.perf_counter()
+        tm = g.actor.train_parts(it, PerRank(res.parts)).wait()
+        m["time/train_s"] = time.perf_counter() - t0
+        return res.stats, tm
+
+
+def load_records(run_dir: Path) -> List[dict]:
+    """Every ``elastic/iter_<i>.json`` record of a run, in iteration order."""
+    import json
+
+    return [json.loads(p.read_text()) for p in sorted(Path(run_dir, "elastic").glob("iter_*.json"))]
+

@@ -1,0 +1,119 @@
+"""Behaviour cloning through the policy contract.
+
+The loss is the negative log-likelihood of the demonstrated actions under the policy,
+``-mean log pi(a_demo | o)`` from :meth:`Policy.evaluate` (the method PPO uses for its
+ratios), so any registered policy trains the same way: the Gaussian MLP/CNN heads fit their
+mean and log-std, token-based VLAs get the cross-entropy of the action tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rlinf_embodied.sft.config import BCConfig
+from rlinf_embodied.sft.dataset import DemoDataset
+
+__all__ = ["space_spec_of", "train_bc"]
+
+
+def space_spec_of(env_cfg: Any):
+    """The :class:`~rlinf_embodied.policies.base.SpaceSpec` of ``env_cfg`` (builds one env).
+
+    Args:
+        env_cfg: an EnvConfig (its ``num_envs`` is ignored).
+    """
+    import dataclasses
+
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    env = make_env(dataclasses.replace(env_cfg, num_envs=1, num_processes=0, video=False))
+    try:
+        obs, _ = env.reset(seed=0)
+        a = env.action_spec
+        return SpaceSpec(
+            action_low=None if a.discrete else a.low.tolist(),
+            action_high=None if a.discrete else a.high.tolist(),
+            action_n=a.n if a.discrete else None,
+            state_dim=int(obs["states"].shape[-1]) if "states" in obs else 0,
+            image_shape=tuple(obs["main_images"].shape[1:]) if "main_images" in obs else None,
+        )
+    finally:
+        env.close()
+
+
+def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, float]:
+    """Fit ``policy`` to the demonstrations in place.
+
+    Args:
+        policy: a :class:`~rlinf_embodied.policies.base.Policy` whose ``inputs_from_obs``
+            reads ``states`` (the ``mlp`` policy).
+        data: the demonstrations; ``data.actions`` (M, 1, A) must fit the policy's action
+            space (same controller).
+        cfg: optimisation settings.
+        log: progress printer (called every 10% of the steps).
+
+    Returns:
+        ``{"bc/nll": final mean NLL per action, "bc/mse": mean squared error of the greedy
+        action in env units, "bc/value_mse": critic error on the demo returns (NaN when
+        not fitted), "bc/log_std": mean log-std after the floor, "bc/seconds": wall,
+        "bc/transitions": M}``.
+
+    Raises:
+        ValueError: the dataset's action width differs from the policy's.
+    """
+    A = policy.spec.action_dim
+    if data.actions.shape[-1] != A:
+        raise ValueError(
+            f"The demonstrations have {data.actions.shape[-1]}-dim actions but the policy acts "
+            f"in {A} dims; record the demos in the policy's env.control_mode."
+        )
+    torch.manual_seed(cfg.seed)
+    fit_value = cfg.value_gamma is not None and getattr(policy, "value_head", None) is not None
+    returns = data.returns(cfg.value_gamma) if fit_value else None
+    params = [p for n, p in policy.named_parameters()
+              if fit_value or not n.startswith(("value_head", "critic_trunk"))]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, cfg.steps))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    M = len(data)
+    policy.train()
+    t0 = time.perf_counter()
+    nll = torch.tensor(0.0)
+    for step in range(cfg.steps):
+        idx = torch.randint(0, M, (min(cfg.batch_size, M),), generator=gen)
+        inputs = policy.inputs_from_obs({"states": data.states[idx]})
+        ev = policy.evaluate(inputs, data.actions[idx])
+        nll = -ev.logprobs.mean() / A
+        loss = nll
+        if fit_value:
+            vloss = 0.5 * ((ev.values - returns[idx]) ** 2).mean()
+            loss = loss + vloss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        if (step + 1) % max(1, cfg.steps // 10) == 0:
+            extra = f", value loss {float(vloss):.3f}" if fit_value else ""
+            log(f"  bc step {step + 1}/{cfg.steps}: nll per action dim {float(nll):.3f}{extra}")
+    policy.eval()
+    head = getattr(policy, "action_head", None)
+    log_std = getattr(head, "log_std", None)
+    with torch.no_grad():
+        if log_std is not None and cfg.min_log_std is not None:
+            log_std.clamp_(min=cfg.min_log_std)
+        out = policy.act({"states": data.states}, mode="greedy")
+        mse = float(((out.actions.float() - data.actions) ** 2).mean())
+        value_mse = float(((out.values - returns) ** 2).mean()) if fit_value else float("nan")
+    return {
+        "bc/value_mse": value_mse,
+        "bc/nll": float(nll),
+        "bc/mse": mse,
+        "bc/log_std": float(log_std.mean()) if log_std is not None else float("nan"),
+        "bc/seconds": time.perf_counter() - t0,
+        "bc/transitions": float(M),
+    }

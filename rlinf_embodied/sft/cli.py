@@ -1,0 +1,103 @@
+"""CLI commands of the SFT -> RL pipeline (registered on the main app by ``rlinf_embodied.cli``).
+
+::
+
+    rlinf-embodied demos    CONFIG.yaml [key=value ...] [--force]   # stage 1
+    rlinf-embodied sft      CONFIG.yaml [key=value ...]             # stage 2: BC + eval
+    rlinf-embodied finetune CONFIG.yaml [key=value ...]             # stage 3: gate, RL, eval
+    rlinf-embodied sft-rl   CONFIG.yaml [key=value ...]             # all stages
+
+This module imports nothing heavy at import time (the commands import their machinery).
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+__all__ = ["register"]
+
+_CONFIG = typer.Argument(..., help="SFT pipeline YAML, e.g. configs/sft/maniskill_pushcube_sft_rl_mlp.yaml")
+_OVERRIDES = typer.Argument(None, help="key=value overrides (e.g. demos.num_trajectories=10)")
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _load(config: str, overrides: list[str] | None):
+    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    try:
+        return load_sft_config(config, overrides or [])
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def demos(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
+          force: bool = typer.Option(False, "--force", help="Regenerate even if the file exists.")) -> None:
+    """Record motion-planning demonstrations (ManiSkill HDF5 trajectories) in the policy's controller."""
+    from rlinf_embodied.sft.demos import DemoError
+    from rlinf_embodied.sft.pipeline import run_demos
+
+    cfg = _load(config, overrides)
+    try:
+        path = run_demos(cfg, log=typer.echo, force=force)
+    except DemoError as e:
+        _fail(str(e), code=1)
+    typer.echo(f"demos: {path}")
+
+
+def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
+    """Behaviour-clone the policy on the demos, save it and evaluate it on held-out seeds."""
+    from rlinf_embodied.sft.pipeline import run_sft
+
+    cfg = _load(config, overrides)
+    try:
+        out = run_sft(cfg, log=typer.echo)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e), code=1)
+    typer.echo(json.dumps(out["evaluation"]))
+
+
+def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
+    """Step-0 gate, RL fine-tuning from the SFT checkpoint, held-out evaluation, summary.
+
+    Exits 3 when the gate refuses the SFT checkpoint.
+    """
+    from rlinf_embodied.sft.gate import GateError
+    from rlinf_embodied.sft.pipeline import run_rl, summarize
+
+    cfg = _load(config, overrides)
+    try:
+        run_rl(cfg, log=typer.echo)
+    except GateError as e:
+        _fail(str(e), code=3)
+    typer.echo(json.dumps(summarize(cfg)))
+
+
+def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
+    """All stages: demos (reused when present), SFT, gate + RL fine-tuning, summary."""
+    from rlinf_embodied.sft.demos import DemoError
+    from rlinf_embodied.sft.gate import GateError
+    from rlinf_embodied.sft.pipeline import run_sft_rl
+
+    cfg = _load(config, overrides)
+    try:
+        out = run_sft_rl(cfg, log=typer.echo)
+    except GateError as e:
+        _fail(str(e), code=3)
+    except DemoError as e:
+        _fail(str(e), code=1)
+    typer.echo(json.dumps(out))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the pipeline's commands to ``app``."""
+    app.command("demos")(demos)
+    app.command("sft")(sft)
+    app.command("finetune")(finetune)
+    app.command("sft-rl")(sft_rl)

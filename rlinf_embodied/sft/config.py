@@ -1,0 +1,117 @@
+"""Typed configuration of the SFT -> RL pipeline (``rlinf-embodied demos | sft | sft-rl``).
+
+One YAML (e.g. ``configs/sft/maniskill_pushcube_sft_rl_mlp.yaml``) describes the whole pipeline:
+the env the demonstrations are recorded in and the policy is evaluated on (``env``), the policy
+to behaviour-clone (``policy``), where the demonstrations come from (``demos``), the BC
+optimisation (``bc``), the evaluation on held-out seeds (``eval``, ManiSkill's fair protocol)
+and the RL stage (``rl``: a normal training job YAML that starts from the SFT checkpoint).
+It is parsed by :func:`rlinf_embodied.config.load_config` with ``schema=SFTJobConfig``, so it
+is as strict as every other job file (unknown keys name the closest valid one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
+
+__all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig"]
+
+
+@dataclass
+class DemoConfig:
+    """Demonstrations: ManiSkill's motion-planning solutions, stored as ManiSkill trajectories."""
+
+    dir: str = "data/demos"
+    """Directory of the trajectory files (``<dir>/<env_id>/motionplanning/``)."""
+    num_trajectories: int = 50
+    """Successful demonstrations to record (failed plans are retried with the next seed)."""
+    seed: int = 0
+    """First reset seed; demo k uses the k-th seed from here that gives a successful plan.
+    The fair evaluation protocol uses seeds from 1_000_000, so demos below it are disjoint."""
+    max_attempts_factor: int = 3
+    """Give up after ``num_trajectories * max_attempts_factor`` planning attempts."""
+
+    def __post_init__(self):
+        if self.num_trajectories < 1:
+            raise ConfigError(f"demos.num_trajectories must be >= 1 (got {self.num_trajectories}).")
+        if not 0 <= self.seed < 1_000_000:
+            raise ConfigError(
+                f"demos.seed must be in [0, 1_000_000) (got {self.seed}): evaluation uses "
+                "seeds from 1_000_000 (maniskill_fair_v1), demonstrations must not."
+            )
+
+
+@dataclass
+class BCConfig:
+    """Behaviour cloning: maximise the policy's log-likelihood of the demonstrated actions."""
+
+    steps: int = 3000
+    """Optimizer steps."""
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    min_log_std: float | None = -1.5
+    """After BC, raise a Gaussian head's log-std to at least this (normalised action units),
+    so that RL fine-tuning still explores; None keeps the fitted value."""
+    seed: int = 0
+    """Torch seed of initialisation and minibatch order."""
+    value_gamma: float | None = 0.8
+    """Also fit the critic (if the policy has one) to the demos' discounted returns with this
+    discount (the RL stage's ``algorithm.gamma``), so RL fine-tuning does not start from a
+    random critic whose advantages would first undo the cloned behaviour; None skips it."""
+
+
+@dataclass
+class SFTEvalConfig:
+    """Held-out evaluation of checkpoints (``rlinf_embodied.eval``, fair ManiSkill protocol)."""
+
+    episodes: int = 100
+    """Trials 0..episodes-1 of the protocol (seeds ``env_seed + i``)."""
+    num_envs: int = 8
+    num_processes: int = 2
+    protocol: str = "maniskill_fair_v1"
+    gate_episodes: int = 20
+    """The RL stage's step-0 gate re-evaluates the SFT checkpoint on the first this many
+    trials and compares with the SFT stage's result on the same trials."""
+    gate_tolerance: float = 0.25
+    """Refuse to start RL when the re-evaluated success rate is more than this below the
+    recorded one on the same trials (SimpleVLA-RL users reported SFT checkpoints that score 0
+    under the RL setup throughout training)."""
+
+
+@dataclass
+class RLStageConfig:
+    """The RL fine-tuning stage: a training job YAML started from the SFT checkpoint."""
+
+    config: str = "maniskill_pushcube_ppo_mlp_finetune"
+    """Job YAML of the RL run (its env must match ``env``; its ``policy.checkpoint`` is set to
+    the SFT checkpoint)."""
+    overrides: list[str] = field(default_factory=list)
+    """``key=value`` overrides of that job."""
+
+
+@dataclass
+class SFTJobConfig:
+    """A whole SFT -> RL pipeline (top level of ``configs/sft/*.yaml``)."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=lambda: config_class("env", "maniskill")())
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    bc: BCConfig = field(default_factory=BCConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+    rl: RLStageConfig = field(default_factory=RLStageConfig)
+
+    def __post_init__(self):
+        if getattr(self.env, "type", None) != "maniskill":
+            raise ConfigError(
+                f"The SFT pipeline records ManiSkill motion-planning demonstrations; env.type "
+                f"must be maniskill (got {self.env.type!r})."
+            )
+
+    def run_dir(self) -> Path:
+        """The pipeline's directory (``sft/``, ``rl/`` and the reports go under it)."""
+        return self.run.run_dir()

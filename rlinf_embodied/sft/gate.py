@@ -1,0 +1,187 @@
+"""Held-out evaluation of SFT / RL checkpoints and the RL stage's step-0 gate.
+
+Evaluation goes through :func:`rlinf_embodied.eval.run.evaluate` (ManiSkill's fair protocol,
+``maniskill_fair_v1``: terminations ignored, trial i resets with seed ``1_000_000 + i``, which
+no training or demonstration seed reaches), so SFT and RL results are paired episode by
+episode and carry Wilson 95% intervals.
+
+The gate: an SFT checkpoint carries ``sft_record.json`` next to its ``policy/`` directory (the
+SFT stage's evaluation results file and the gate settings). Before RL starts from it, the RL
+run re-evaluates the checkpoint under *its own* env settings on the first ``gate_episodes``
+recorded trials and refuses to start (:class:`GateError`) when it scores more than
+``gate_tolerance`` below the SFT stage's result on the same trials: a checkpoint that scores
+far lower in the RL setup (another controller, horizon, observation layout, or simply the wrong
+weights) would make the RL run start from nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rlinf_embodied.checkpoint import atomic_write_json
+
+__all__ = [
+    "RECORD_FILE",
+    "GateError",
+    "check_gate",
+    "evaluate_checkpoint",
+    "gate_for_job",
+    "read_record",
+    "write_record",
+]
+
+RECORD_FILE = "sft_record.json"
+"""Name of the SFT record next to an SFT checkpoint's ``policy/`` directory."""
+
+
+class GateError(RuntimeError):
+    """The SFT checkpoint scores far below its recorded SFT result under the RL setup."""
+
+
+def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path, trials: int,
+                        *, protocol: str = "maniskill_fair_v1", num_envs: int = 8,
+                        num_processes: int = 2, fresh: bool = True) -> dict[str, Any]:
+    """Greedy evaluation of a ``save_policy`` checkpoint on held-out ManiSkill seeds.
+
+    Args:
+        checkpoint: policy directory (or a run / checkpoint directory holding one).
+        env_cfg: the ManiSkill EnvConfig whose controller, obs mode, reward and
+            ``max_episode_steps`` the episodes use (the protocol supplies seeds and ignores
+            terminations).
+        output: results JSON (``.md``/``.png``/``.html`` reports are written beside it).
+        trials: trials 0..trials-1 of the protocol.
+        protocol: evaluation protocol name.
+        num_envs: envs run concurrently (results do not depend on it).
+        num_processes: env pool processes.
+        fresh: delete an existing ``output`` first (else the evaluation resumes it).
+
+    Returns:
+        ``{"rate", "ci95", "success_at_end_rate", "success_at_end_ci95", "episodes",
+        "results"}`` (success_once rate with its Wilson interval, ManiSkill's
+        ``success_at_end`` likewise, the results file path).
+    """
+    from rlinf_embodied.eval.run import EvalRequest, evaluate
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if fresh and output.exists():
+        output.unlink()
+    req = EvalRequest(
+        env="maniskill", task=env_cfg.env_id, policy=str(checkpoint), protocol=protocol,
+        trials_per_task=trials, num_envs=max(1, min(num_envs, trials)),
+        num_processes=num_processes, output=str(output), obs_mode=env_cfg.obs_mode,
+        max_steps=env_cfg.max_episode_steps, device="cpu",
+        env_overrides={"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode},
+    )
+    results = evaluate(req)
+    o = results.summary()["overall"]
+    return {"rate": o["rate"], "ci95": o["ci95"],
+            "success_at_end_rate": o.get("success_at_end_rate"),
+            "success_at_end_ci95": o.get("success_at_end_ci95"),
+            "episodes": o["episodes"], "results": str(output)}
+
+
+def write_record(sft_dir: Path, evaluation: dict[str, Any], env_cfg: Any, eval_cfg: Any,
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Write ``sft_dir/sft_record.json``: the SFT evaluation and the gate settings."""
+    record = {
+        "policy": "policy",
+        "evaluation": evaluation,
+        "env": {k: v for k, v in dataclasses.asdict(env_cfg).items()},
+        "protocol": eval_cfg.protocol,
+        "gate_episodes": eval_cfg.gate_episodes,
+        "gate_tolerance": eval_cfg.gate_tolerance,
+        **(extra or {}),
+    }
+    path = Path(sft_dir) / RECORD_FILE
+    atomic_write_json(path, record)
+    return path
+
+
+def read_record(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The SFT record of a policy checkpoint directory (or of its parent), or None."""
+    p = Path(checkpoint)
+    for c in (p / RECORD_FILE, p.parent / RECORD_FILE):
+        if c.is_file():
+            rec = json.loads(c.read_text())
+            rec["_dir"] = str(c.parent)
+            return rec
+    return None
+
+
+def _recorded_rate(record: dict[str, Any], trials: int) -> tuple[float, int]:
+    from rlinf_embodied.eval.results import ResultsFile
+
+    path = Path(record["evaluation"]["results"])
+    if not path.is_absolute() and not path.exists():
+        path = Path(record["_dir"]) / path.name
+    eps = [e for e in ResultsFile.load(path).episodes if e.trial < trials]
+    if not eps:
+        raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
+    return sum(bool(e.success) for e in eps) / len(eps), len(eps)
+
+
+def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
+               episodes: int | None = None, tolerance: float | None = None,
+               log=print) -> dict[str, Any]:
+    """Re-evaluate an SFT checkpoint under ``env_cfg`` and compare with its record.
+
+    Args:
+        checkpoint: the SFT policy directory (``sft_record.json`` beside it).
+        env_cfg: the RL run's EnvConfig.
+        out_dir: where ``gate.json`` and the re-evaluation's results go.
+        episodes: trials to re-evaluate; None uses the record's ``gate_episodes``.
+        tolerance: allowed drop of the success rate; None uses the record's.
+        log: printer.
+
+    Returns:
+        ``{"recorded", "measured", "episodes", "tolerance", "passed": True, ...}`` (also
+        written to ``out_dir/gate.json``).
+
+    Raises:
+        GateError: no record next to the checkpoint, or the measured success rate is more
+            than ``tolerance`` below the recorded one on the same trials.
+    """
+    record = read_record(checkpoint)
+    if record is None:
+        raise GateError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` first.")
+    k = int(episodes or record["gate_episodes"])
+    tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
+    recorded, n = _recorded_rate(record, k)
+    out_dir = Path(out_dir)
+    ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", n,
+                             protocol=record["protocol"],
+                             num_processes=getattr(env_cfg, "num_processes", 2))
+    result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
+              "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
+              "passed": ev["rate"] >= recorded - tol}
+    atomic_write_json(out_dir / "gate.json", result)
+    verdict = "passed" if result["passed"] else "FAILED"
+    log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{n - 1} "
+        f"under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
+    if not result["passed"]:
+        raise GateError(
+            f"The SFT checkpoint {checkpoint} scores {ev['rate']:.2f} success under the RL run's "
+            f"env settings but {recorded:.2f} at SFT time on the same {n} held-out trials (more "
+            f"than {tol:.2f} below). RL from it would start from nothing: check that the RL "
+            "config's env (control_mode, max_episode_steps, obs_mode) matches the SFT config, "
+            "and that policy.checkpoint points at the SFT checkpoint."
+        )
+    return result
+
+
+def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | None:
+    """The gate of a training job: runs when ``cfg.policy.checkpoint`` has an SFT record.
+
+    Returns the gate result, or None when the job does not start from an SFT checkpoint.
+
+    Raises:
+        GateError: see :func:`check_gate`.
+    """
+    ckpt = getattr(cfg.policy, "checkpoint", None)
+    if not ckpt or read_record(ckpt) is None or getattr(cfg.env, "type", None) != "maniskill":
+        return None
+    return check_gate(ckpt, cfg.env, run_dir, log=log)

@@ -1,0 +1,93 @@
+"""Evaluation records what ran and scores every env (issue 15 items 6, 8, 9) on real
+gymnasium envs: per-query execution, returns with intervals, non-negative error bars, step
+limits."""
+
+import math
+
+import eval_helpers  # noqa: F401 (policy factories and envs by module name)
+import numpy as np
+import pytest
+from rlinf_embodied.eval.report import write_reports
+from rlinf_embodied.eval.results import Episode, ResultsFile
+from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate
+from rlinf_embodied.eval.stats import mean_interval, t_quantile, wilson_interval
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_zero_success_task_plots_with_two_tasks_of_three_trials(tmp_path):
+    # Wilson's lower bound at 0/3 is 5.6e-17 in floats: the error bar was -5.6e-17 and
+    # matplotlib refused it ("'yerr' must not contain negative values").
+    for k in range(4):
+        low, high = wilson_interval(k, 3)
+        assert low <= k / 3 <= high
+    assert wilson_interval(0, 3)[0] == 0.0 and wilson_interval(3, 3)[1] == 1.0
+    header = {"env": "libero", "suite": "libero_spatial", "protocol": {"id": "p", "fingerprint": "f"},
+              "policy": {"source": "x", "sha256": "0"}}
+    eps = [Episode(task=t, trial=i, success=(t == 1 and i == 0), steps=3)
+           for t in (0, 1) for i in range(3)]
+    r = ResultsFile(tmp_path / "r.json", header, eps)
+    r.save()
+    paths = write_reports(r)
+    assert paths["chart"].read_bytes()[:4] == b"\x89PNG"
+    assert "| 0 |  | 3 | 0.0 | [0.0, 56.1] | 0 |" in paths["markdown"].read_text()
+
+
+def test_env_without_success_reports_returns_and_execution(tmp_path):
+    res = evaluate(EvalRequest(env="gym", task="CartPole-v1", policy="random", trials_per_task=5,
+                               num_envs=2, num_processes=0, output=str(tmp_path / "cp.json")))
+    for e in res.episodes:
+        # CartPole pays 1 per step; a random policy queries once per step (K = 1).
+        assert e.episode_return == e.steps and e.queries == e.steps
+        assert e.action_chunk == 1 and e.open_loop_steps == 1 and e.head == "random"
+    s = res.to_dict()["summary"]["per_task"]["CartPole-v1"]
+    steps = [e.steps for e in res.episodes]
+    mean, low, high = mean_interval(steps)
+    assert s["mean_return"] == pytest.approx(np.mean(steps)) and s["return_ci95"] == [low, high]
+    sd = np.std(steps, ddof=1)
+    assert high - mean == pytest.approx(2.776 * sd / math.sqrt(5), rel=2e-3)  # t(0.975, 4)
+    assert res.header["execution"]["head"] == "random"
+    md = (tmp_path / "cp.md").read_text()
+    assert "mean return [95% CI]" in md and f"{mean:.4g} [{low:.4g}, {high:.4g}]" in md
+
+
+def test_chunked_policy_records_queries_and_open_loop_steps(tmp_path):
+    res = evaluate(EvalRequest(env="gym", task="toy/PointReach-v0", policy="eval_helpers:reach_chunk4",
+                               trials_per_task=3, num_envs=2, num_processes=0, reports=False,
+                               output=str(tmp_path / "k4.json")))
+    for e in res.episodes:
+        assert e.success and e.action_chunk == 4 and e.open_loop_steps == 4
+        assert e.queries == math.ceil(e.steps / 4)
+
+
+def test_gym_entry_point_without_step_limit(tmp_path):
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    req = dict(env="gym", task="eval_helpers:NeverEnds", trials_per_task=2, num_envs=2,
+               num_processes=0, reports=False)
+    with pytest.raises(EvalError, match="no step limit.*--max-steps"):
+        evaluate(EvalRequest(policy="random", output=str(tmp_path / "a.json"), **req))
+    assert not (tmp_path / "a.json").exists()
+    # A training run's own env.max_episode_steps is used (and recorded in the protocol id).
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  type: gym\n  max_episode_steps: 6\n")
+    spec = SpaceSpec(action_low=[-1.0] * 2, action_high=[1.0] * 2, state_dim=3)
+    with checkpoint_dir(run, "iter_000001") as d:
+        save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[4]), spec), d / "policy")
+    res = evaluate(EvalRequest(policy=str(run), output=str(tmp_path / "b.json"), **req))
+    assert [e.steps for e in res.episodes] == [6, 6]
+    assert [e.episode_return for e in res.episodes] == [3.0, 3.0]
+    assert res.header["max_steps"] == 6 and res.header["protocol"]["id"].endswith("+max_steps")
+    res = evaluate(EvalRequest(policy="random", max_steps=4, output=str(tmp_path / "c.json"), **req))
+    assert [e.steps for e in res.episodes] == [4, 4]
+
+
+@pytest.mark.parametrize("df,q", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262),
+                                  (29, 2.045), (120, 1.980)])
+def test_t_quantile_table_values(df, q):
+    # Student t table, two-sided 95% (e.g. NIST/SEMATECH e-Handbook, Table 1.4.2.3).
+    assert t_quantile(0.975, df) == pytest.approx(q, abs=2e-3 * q)

@@ -1,0 +1,117 @@
+"""SFT path at tiny scale with real ManiSkill and real motion-planning data:
+demos -> ManiSkill HDF5 -> DemoDataset -> BC -> held-out evaluation -> step-0 gate.
+
+The two demos are planned from the initial states of the fair protocol's first two held-out
+trials (seeds 1_000_000 and 1_000_001), so a policy that has cloned them well succeeds there;
+the shipped pipeline keeps demo seeds below 1_000_000 (the config refuses others).
+"""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from rlinf_embodied.config import ConfigError, load_config
+from rlinf_embodied.sft.config import SFTJobConfig
+
+# The module's fixture plans, converts, clones and evaluates (about 1 minute on an idle
+# 2-core machine); a loaded machine needs more than the default per-test limit.
+pytestmark = pytest.mark.timeout(1800)
+
+CONFIG = "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml"
+EVAL_SEED = 1_000_000  # maniskill_fair_v1 env_seed: trial i resets with EVAL_SEED + i
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Record 2 demos, behaviour-clone them, evaluate and record the SFT checkpoint."""
+    from rlinf_embodied.sft.demos import generate_demos
+    from rlinf_embodied.sft.pipeline import load_sft_config, run_sft
+
+    root = tmp_path_factory.mktemp("sft")
+    cfg = load_sft_config(CONFIG, [
+        f"run.dir={root / 'run'}", f"demos.dir={root / 'demos'}", "demos.num_trajectories=2",
+        "bc.steps=400", "bc.batch_size=128", "eval.episodes=2", "eval.num_envs=2",
+        "eval.num_processes=0", "eval.gate_episodes=2",
+    ])
+    demo = generate_demos("PushCube-v1", cfg.demos.dir, 2, seed=EVAL_SEED, log=lambda *_: None)
+    out = run_sft(cfg, log=lambda *_: None)
+    return cfg, demo, out
+
+
+def test_demos_are_maniskill_trajectories_in_the_policy_controller(pipeline):
+    from rlinf_embodied.sft.dataset import DemoDataset
+
+    cfg, demo, _ = pipeline
+    assert demo.seeds == [EVAL_SEED, EVAL_SEED + 1]
+    meta = json.loads(demo.path.with_suffix(".json").read_text())
+    assert meta["env_info"]["env_kwargs"]["control_mode"] == "pd_joint_delta_pos"
+    assert all(e["success"] for e in meta["episodes"])
+    with h5py.File(demo.path, "r") as f:
+        acts = f["traj_0"]["actions"][:]
+        obs = f["traj_0"]["obs"][:]
+    assert obs.shape[0] == acts.shape[0] + 1  # ManiSkill stores the final observation too
+    data = DemoDataset(demo.path)
+    lengths = [e["elapsed_steps"] for e in meta["episodes"]]
+    assert len(data) == sum(lengths)
+    assert data.states.shape == (sum(lengths), obs.shape[1])
+    assert data.actions.shape == (sum(lengths), 1, 8)  # 7 arm joints + gripper
+    assert float(data.actions.abs().max()) <= 1.0  # normalised delta controller
+    np.testing.assert_allclose(data.actions[: lengths[0], 0].numpy(), acts)
+    # the last step of each demo is a success held forever: r / (1 - gamma)
+    ret = data.returns(0.8)
+    assert ret[lengths[0] - 1] == pytest.approx(float(data.rewards[lengths[0] - 1]) / 0.2)
+
+
+def test_bc_fits_the_demos_and_the_sft_checkpoint_succeeds(pipeline):
+    cfg, _, out = pipeline
+    bc, ev = out["bc"], out["evaluation"]
+    assert bc["bc/mse"] < 0.01  # greedy actions match the demo actions (range [-1, 1])
+    assert bc["bc/log_std"] >= cfg.bc.min_log_std - 1e-6
+    assert bc["bc/value_mse"] < 1.0  # returns are up to 1 / (1 - 0.8) = 5
+    assert ev["episodes"] == 2
+    assert ev["rate"] >= 0.5  # replays the cloned motion from the demos' initial states
+    lo, hi = ev["ci95"]
+    assert lo < ev["rate"] < hi or ev["rate"] in (lo, hi)
+    rec = json.loads((cfg.run_dir() / "sft" / "sft_record.json").read_text())
+    assert rec["evaluation"]["rate"] == ev["rate"]
+
+
+def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path):
+    from rlinf_embodied.policies import build_policy, load_policy, save_policy
+
+    from rlinf_embodied.sft.gate import GateError, check_gate, gate_for_job
+
+    cfg, _, out = pipeline
+    ckpt = cfg.run_dir() / "sft" / "policy"
+    job = load_config("configs/maniskill_pushcube_ppo_mlp_finetune.yaml",
+                      [f"policy.checkpoint={ckpt}", "env.num_processes=0"])
+    res = gate_for_job(job, tmp_path / "good")  # what `train` runs before starting RL
+    assert res["passed"] and res["measured"] == res["recorded"] == out["evaluation"]["rate"]
+
+    # The same record, but weights that do not move the robot (a fresh, untrained policy).
+    good = load_policy(ckpt)
+    torch.manual_seed(0)
+    bad = build_policy(good.config, good.spec)
+    save_policy(bad, ckpt)
+    with pytest.raises(GateError, match="would start from nothing"):
+        check_gate(ckpt, job.env, tmp_path / "bad")
+    gate = json.loads((tmp_path / "bad" / "gate.json").read_text())
+    assert gate["measured"] == 0.0 and not gate["passed"]
+    save_policy(good, ckpt)
+
+    # A job without an SFT checkpoint is not gated.
+    plain = load_config("configs/maniskill_pushcube_ppo_mlp.yaml")
+    assert gate_for_job(plain, tmp_path / "plain") is None
+
+
+def test_config_refuses_demo_seeds_in_the_evaluation_range():
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    with pytest.raises(ConfigError, match="demos.seed"):
+        load_sft_config(CONFIG, ["demos.seed=1000000"])
+    assert isinstance(load_sft_config(CONFIG), SFTJobConfig)
