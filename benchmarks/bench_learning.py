@@ -106,6 +106,7 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     import torch
 
     from rlinf_embodied.algorithms.update import lr_lambda, update_policy
+    from rlinf_embodied.runners.single_process import rollout_batch
     from rlinf_embodied.config import load_config
     from rlinf_embodied.envs import make_env
     from rlinf_embodied.policies import build_policy
@@ -130,28 +131,8 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     steps, t0 = 0, time.perf_counter()
     for it in range(t.iterations):
         obs, _ = env.reset(seed=cfg.run.seed * 1_000_000 + it * 1_000)
-        rec = []
-        for _ in range(t.rollout_steps):
-            with torch.no_grad():
-                out = policy.act(obs)
-            obs, r, term, trunc, info = env.chunk_step(out.actions)
-            rec.append((out, r.sum(-1).float(), term.any(-1), trunc.any(-1),
-                        ~info["autoreset"].bool(), info["success_once"].bool()))
-            steps += int(info["num_substeps"].sum())
-        with torch.no_grad():
-            last = policy.predict_values(obs)
-        batch = {
-            "actions": torch.stack([o.actions for o, *_ in rec]),
-            "logprobs": torch.stack([o.logprobs for o, *_ in rec]),
-            "values": torch.stack([o.values for o, *_ in rec] + [last]),
-            "forward_inputs": {k: torch.stack([o.forward_inputs[k] for o, *_ in rec])
-                               for k in rec[0][0].forward_inputs},
-            "rewards": torch.stack([x[1] for x in rec]),
-            "terminations": torch.stack([x[2] for x in rec]),
-            "truncations": torch.stack([x[3] for x in rec]),
-            "valid": torch.stack([x[4] for x in rec]),
-            "success": torch.stack([x[5] for x in rec]),
-        }
+        batch, obs, n = rollout_batch(policy, env, obs, t.rollout_steps)
+        steps += n
         update_policy(policy, opt, batch, cfg, it)
         sched.step()
         m = {"iteration": it + 1, "env_steps": steps, "time_s": time.perf_counter() - t0,

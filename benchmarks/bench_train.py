@@ -60,6 +60,7 @@ def single_process_steps_per_s(cfg) -> float:
     from rlinf_embodied.policies import build_policy
     from rlinf_embodied.policies.base import SpaceSpec
     from rlinf_embodied.algorithms.update import update_policy
+    from rlinf_embodied.runners.single_process import rollout_batch
 
     torch.set_num_threads(1)
     env = make_env(cfg.env)
@@ -76,26 +77,8 @@ def single_process_steps_per_s(cfg) -> float:
         if it == 1:
             t_start, steps = time.perf_counter(), 0
         obs, _ = env.reset(seed=1000 * it)
-        rec = []
-        for t in range(T):
-            with torch.no_grad():
-                out = policy.act(obs)
-            obs, r, term, trunc, info = env.chunk_step(out.actions)
-            rec.append((out, r.sum(-1).float(), term.any(-1), trunc.any(-1), ~info["autoreset"].bool()))
-            steps += int(info["num_substeps"].sum())
-        with torch.no_grad():
-            last = policy.predict_values(obs)
-        batch = {
-            "actions": torch.stack([o.actions for o, *_ in rec]),
-            "logprobs": torch.stack([o.logprobs for o, *_ in rec]),
-            "values": torch.stack([o.values for o, *_ in rec] + [last]),
-            "forward_inputs": {k: torch.stack([o.forward_inputs[k] for o, *_ in rec])
-                               for k in rec[0][0].forward_inputs},
-            "rewards": torch.stack([x[1] for x in rec]),
-            "terminations": torch.stack([x[2] for x in rec]),
-            "truncations": torch.stack([x[3] for x in rec]),
-            "valid": torch.stack([x[4] for x in rec]),
-        }
+        batch, obs, n = rollout_batch(policy, env, obs, T)
+        steps += n
         update_policy(policy, opt, batch, cfg, it)
     env.close()
     return steps / (time.perf_counter() - t_start)
