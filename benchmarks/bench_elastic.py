@@ -48,10 +48,9 @@ def space_spec(cfg) -> dict:
 
     env = make_env(dataclasses.replace(cfg.env, num_envs=1))
     obs, _ = env.reset(seed=0)
-    a = env.action_spec
+    spec = SpaceSpec.from_env(env, obs).to_dict()
     env.close()
-    return SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
-                     state_dim=int(obs["states"].shape[-1])).to_dict()
+    return spec
 
 
 def publish(cfg, spec, name):

@@ -119,9 +119,7 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     ev_env = make_env(dataclasses.replace(cfg.env, num_envs=e.num_episodes, num_processes=0,
                                           ignore_terminations=True))
     obs, _ = env.reset(seed=0)
-    a = env.action_spec
-    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
-                     state_dim=int(obs["states"].shape[-1]))
+    spec = SpaceSpec.from_env(env, obs)
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg.policy, spec)
     opt = torch.optim.Adam(policy.parameters(), lr=t.lr, eps=1e-5)

@@ -65,9 +65,7 @@ def single_process_steps_per_s(cfg) -> float:
     torch.set_num_threads(1)
     env = make_env(cfg.env)
     obs, _ = env.reset(seed=0)
-    a = env.action_spec
-    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
-                     state_dim=int(obs["states"].shape[-1]))
+    spec = SpaceSpec.from_env(env, obs)
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg.policy, spec)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
@@ -136,9 +134,7 @@ def single_process_rollout_steps_per_s(cfg, iterations: int) -> float:
     torch.set_num_threads(1)
     env = make_env(cfg.env)
     obs, _ = env.reset(seed=0)
-    a = env.action_spec
-    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(),
-                     state_dim=int(obs["states"].shape[-1]))
+    spec = SpaceSpec.from_env(env, obs)
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg.policy, spec).eval()
     steps, secs = 0, 0.0
@@ -174,8 +170,7 @@ def calibrate_width(cfg, n: int) -> int:
     for _ in range(20):
         env.chunk_step(zeros)
     env_s = (time.perf_counter() - t0) / 20
-    a = env.action_spec
-    spec = SpaceSpec(action_low=a.low.tolist(), action_high=a.high.tolist(), state_dim=int(obs["states"].shape[-1]))
+    spec = SpaceSpec.from_env(env, obs)
     env.close()
     best, best_gap = 256, float("inf")
     for width in (256, 512, 1024, 1536, 2048, 3072, 4096):

@@ -177,6 +177,21 @@ class SpaceSpec:
         }
 
     @classmethod
+    def from_env(cls, env: Any, obs: Mapping[str, Any]) -> SpaceSpec:
+        """The spec of a BatchedEnv from its action spec and one observation batch ``obs``
+        (``states`` (N, S), ``main_images`` / ``wrist_images`` (N, H, W, 3); absent keys give
+        0 / None)."""
+        a = env.action_spec
+        return cls(
+            action_low=None if a.discrete else a.low.tolist(),
+            action_high=None if a.discrete else a.high.tolist(),
+            action_n=a.n if a.discrete else None,
+            state_dim=int(obs["states"].shape[-1]) if "states" in obs else 0,
+            image_shape=tuple(obs["main_images"].shape[1:]) if "main_images" in obs else None,
+            wrist_image_shape=tuple(obs["wrist_images"].shape[1:]) if "wrist_images" in obs else None,
+        )
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SpaceSpec:
         """Inverse of :meth:`to_dict`.
 

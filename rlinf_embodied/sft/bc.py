@@ -33,14 +33,7 @@ def space_spec_of(env_cfg: Any):
     env = make_env(dataclasses.replace(env_cfg, num_envs=1, num_processes=0, video=False))
     try:
         obs, _ = env.reset(seed=0)
-        a = env.action_spec
-        return SpaceSpec(
-            action_low=None if a.discrete else a.low.tolist(),
-            action_high=None if a.discrete else a.high.tolist(),
-            action_n=a.n if a.discrete else None,
-            state_dim=int(obs["states"].shape[-1]) if "states" in obs else 0,
-            image_shape=tuple(obs["main_images"].shape[1:]) if "main_images" in obs else None,
-        )
+        return SpaceSpec.from_env(env, obs)
     finally:
         env.close()
 

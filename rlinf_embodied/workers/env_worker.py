@@ -154,15 +154,7 @@ class EnvWorker(Worker):
 
         env = self.envs[0]
         obs, _ = env.reset(seed=0)
-        a = env.action_spec
-        spec = SpaceSpec(
-            action_low=None if a.discrete else a.low.tolist(),
-            action_high=None if a.discrete else a.high.tolist(),
-            action_n=a.n if a.discrete else None,
-            state_dim=int(obs["states"].shape[-1]) if "states" in obs else 0,
-            image_shape=tuple(obs["main_images"].shape[1:]) if "main_images" in obs else None,
-            wrist_image_shape=tuple(obs["wrist_images"].shape[1:]) if "wrist_images" in obs else None,
-        )
+        spec = SpaceSpec.from_env(env, obs)
         return spec.to_dict()
 
     def _stream_id(self, stage: int) -> int:
