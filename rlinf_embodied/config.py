@@ -347,6 +347,11 @@ class TrainerConfig:
     max_grad_norm: float = 0.5
     pipeline_stages: int = 1
     """Env micro-batches pipelined against generation (paper section 3.3)."""
+    join_forwards: bool = False
+    """Rollout workers answer greedy and value-only requests that arrive together with one
+    forward. Fewer, larger forwards, but a joined float32 forward differs from separate ones in
+    the last bits and what arrives together depends on timing: runs stop being bitwise
+    reproducible. Sampling requests are always answered alone under their own seed."""
     eval_every: int = 10
     save_every: int = 10
     offload: bool = False

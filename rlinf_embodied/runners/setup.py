@@ -177,7 +177,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
         cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
     spec = env.on([0]).space_spec().wait()[0]
     rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker,
-                                    init_args=(cfg, spec, names, ranks["env"]))
+                                    init_args=(cfg, spec, names, ranks["env"], cfg.trainer.join_forwards))
     per_env_rank = cfg.env.num_envs // ranks["env"]
     streams = [0] * ranks["actor"]
     for r in range(ranks["env"]):
