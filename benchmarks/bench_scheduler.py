@@ -258,7 +258,7 @@ def _load(path: str, overrides: list, out_dir: Path, iterations: int):
 
     return load_config(str(ROOT / path), [
         *overrides, f"trainer.iterations={iterations}", "trainer.eval_every=0",
-        "trainer.save_every=0", "trainer.max_time_s=0", "logging.console=false",
+        "trainer.save_every=0", "trainer.max_time_s=null", "logging.console=false",
         "logging.tensorboard=false", f"run.output_dir={out_dir}"])
 
 
