@@ -20,6 +20,13 @@ DEFAULT_NUM_CPU_DEVICES = 3
 machine (disaggregated needs one device per group: env, rollout, actor)."""
 
 
+WORKER_NICENESS = "0"
+"""Nice value of the embedded Ray's worker processes (``RAY_worker_niceness``; set that variable
+yourself to override). Ray starts workers at nice 15 by default so that its driver stays
+responsive, but here the workers do all the compute: at nice 15 any other process on the
+machine (measured: a single-process baseline loop, a second job, a test run) takes the cores
+from them first."""
+
 _RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
@@ -65,6 +72,7 @@ class Cluster:
             init_kwargs = dict(namespace=namespace, log_to_driver=log_to_driver)
             if address is None:
                 init_kwargs.update(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False)
+                os.environ.setdefault("RAY_worker_niceness", WORKER_NICENESS)  # read by the raylet
                 logging.getLogger(_RAY_TOKEN_LOGGER).addFilter(_local_token_notice)
             # "local" always starts a new embedded Ray: without it ray.init attaches to any
             # cluster a `ray start` left running on the machine (another user's, another job's).

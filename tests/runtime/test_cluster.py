@@ -26,3 +26,24 @@ def test_device_helpers_are_cpu_safe(cluster):
     cpu = cluster.devices[:2]
     assert collective_backend(cpu) == "gloo"
     assert torch_device(cpu) == "cpu" and visibility_env(cpu) == {}
+
+
+def test_embedded_ray_runs_workers_at_normal_priority(tmp_path):
+    """Ray's default worker niceness is 15; an embedded cluster starts them at 0 (a fresh
+    process: the test session's Ray is already up)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, ray\n"
+        "from rlinf_embodied.runtime import Cluster\n"
+        "c = Cluster(num_cpus=1, num_cpu_devices=1, log_to_driver=False)\n"
+        "print('nice', ray.get(ray.remote(lambda: os.nice(0)).remote()))\n"
+        "c.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=240, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"nice {os.nice(0)}" in out.stdout  # the driver's own niceness, not Ray's 15
