@@ -129,24 +129,6 @@ def reasoning_plan_for_placement(cfg: Any, placement: Any, num_devices: int):
     return plan
 
 
-def _configured(cfg: Any, devices: int, profile: WorkflowProfile) -> dict | None:
-    """Prediction of the job's own placement (None for ``auto`` or one that does not fit)."""
-    from rlinf_embodied.runners.setup import resolve_placement
-    from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
-    from rlinf_embodied.scheduler.cost_model import CostModel, describe
-
-    if cfg.placement == "auto":
-        return None
-    try:
-        placement = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
-        placement.validate(devices)
-    except PlacementError:
-        return None
-    plan = reasoning_plan_for_placement(cfg, placement, devices)
-    return {"placement": cfg.placement, "plan": describe(plan),
-            "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9)}
-
-
 def _to_runtime_slots(placement: dict) -> dict:
     groups = dict(placement["groups"])
     groups["env"] = groups.pop("reward")
@@ -195,7 +177,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     """``rlinf-embodied plan`` for a reasoning job: the report to print."""
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
-    from rlinf_embodied.scheduler.cli_plan import _default_devices
+    from rlinf_embodied.scheduler.cli_plan import _configured, _default_devices
 
     cfg = load_config(config_path, overrides, schema=ReasoningJobConfig)
     n = devices if devices is not None else _default_devices(cfg)
@@ -204,7 +186,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     g = reasoning_graph(cfg)
     workload = {"workflow": "reasoning", "responses": g.node("rollout").items,
                 "max_new_tokens": cfg.rollout.max_new_tokens, "actor_samples": g.node("actor").items}
-    configured = _configured(cfg, n, profile)
+    configured = _configured(cfg, n, profile, reasoning_plan_for_placement)
     if as_json:
         return report_json(result, {"config": str(config_path), "workload": workload,
                                     "configured": configured}) + "\n"
