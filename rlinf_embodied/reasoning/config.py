@@ -111,7 +111,7 @@ class ReasoningRolloutConfig:
     """Responses per message on the stream to the reward/actor workers (pipelining granularity)."""
     long_tail_alpha: Optional[float] = None
     """Benchmark knob for long-tailed response lengths: each training response is exactly
-    ``ceil(Pareto(alpha))`` tokens (scale 1, clipped to ``max_new_tokens``; EOS suppressed
+    ``floor(Pareto(alpha))`` tokens (scale 1, clipped to ``max_new_tokens``; EOS suppressed
     before), so most responses are short and a few run to the limit (smaller alpha, heavier
     tail). None = off (the model decides the length)."""
     dtype: str = "float32"

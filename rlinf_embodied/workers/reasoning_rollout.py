@@ -24,12 +24,13 @@ def rollout_seed(run_seed: int, step: int, rank: int) -> int:
 
 
 def long_tail_lengths(n: int, alpha: float, max_len: int, seed: int) -> List[int]:
-    """``n`` forced response lengths ``ceil(Pareto(alpha))`` (scale 1 token: ``P(len > x) =
-    x^-alpha``), clipped to ``[1, max_len]`` (``rollout.long_tail_alpha``)."""
+    """``n`` forced response lengths ``floor(X)``, ``X ~ Pareto(alpha)`` with scale 1 token
+    (``P(len >= k) = k^-alpha``: alpha 1 gives half the responses 1 token, one in 48 at 48),
+    clipped to ``[1, max_len]`` (``rollout.long_tail_alpha``)."""
     import numpy as np
 
     x = np.random.default_rng(seed).pareto(alpha, size=n) + 1.0
-    return np.clip(np.ceil(x), 1, max_len).astype(int).tolist()
+    return np.clip(np.floor(x), 1, max_len).astype(int).tolist()
 
 
 class ReasoningRolloutWorker(Worker):
@@ -137,9 +138,11 @@ class ReasoningRolloutWorker(Worker):
 
         r = self.cfg.rollout
         prompts = [[1 + (i % 7)] * 8 for i in range(batch)]
+        lengths = (None if r.long_tail_alpha is None else  # the lengths the job will generate
+                   long_tail_lengths(batch, r.long_tail_alpha, r.max_new_tokens, 0))
         with self.device_lock():
             self.backend.generate(prompts, max_new_tokens=r.max_new_tokens, temperature=1.0,
-                                  top_p=1.0, seed=0)
+                                  top_p=1.0, seed=0, response_lengths=lengths)
         return _peak_bytes()
 
     def onload(self) -> None:
