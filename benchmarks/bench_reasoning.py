@@ -202,7 +202,9 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     if auto_yaml is not None and {"temporal", "spatial"} <= set(r):
         # the profile placement=auto measured (cached in its run directory), as the scheduler
         # uses it: predictions of the exact plans the two runs executed, and auto's pick
-        profile = reasoning_profile_for_config(cfgs["temporal"], work / "auto")
+        auto_cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml",
+                               common + RUNNER_RUNS["auto"], schema=ReasoningJobConfig)
+        profile = reasoning_profile_for_config(auto_cfg, work / "auto")  # its cache key
         cost = CostModel(profile)
         pred = {}
         for name, devices in (("temporal", 1), ("spatial", 3)):
