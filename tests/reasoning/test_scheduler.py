@@ -46,7 +46,7 @@ def test_plan_cli_on_a_reasoning_config():
     assert "reward" in r.output and "Chosen:" in r.output and "analytic default (reasoning" in r.output
     j = CliRunner().invoke(app, ["plan", "configs/reasoning_grpo_tiny.yaml", "--devices", "2", "--json"])
     assert j.exit_code == 0, j.output
-    assert json.loads(j.output)["workload"]["responses"] == 128
+    assert json.loads(j.output)["workload"]["responses"] == 32 * 8  # prompts_per_step x G
 
 
 def test_plan_cli_prints_the_configured_placement_and_no_duplicate_runner_up():
