@@ -16,13 +16,19 @@ Prints one JSON line last:
                                                        disaggregated (3 devices) placement: the
                                                        same 3 worker processes on the same cores
     runner.pipelining_gain                             spatial step time without / with elastic
-                                                       pipelining (long-tailed response lengths:
-                                                       see runs.*.response_length_mean and
-                                                       truncated_fraction)
-    runner.scheduler                                   the plan placement=auto picks and the
-                                                       predicted vs measured step time of each
-                                                       plan, from the profile auto measured
-                                                       (skipped with --quick)
+                                                       pipelining, same everything else; every
+                                                       run forces long-tailed response lengths
+                                                       (rollout.long_tail_alpha: Pareto, most
+                                                       responses a few tokens, a few at the
+                                                       limit; runs.*.response_length_mean)
+    runner.scheduler                                   the scheduler's predicted step time of the
+                                                       temporal (collocated) and spatial
+                                                       (disaggregated) placement from the profile
+                                                       placement=auto measures, against the
+                                                       measured ones; the plan it picks on 3
+                                                       devices vs the one that measured faster
+                                                       (without --quick the picked plan also
+                                                       runs: measured_step_s.auto_3dev)
     loadavg                                            /proc/loadavg before and after
 
 Usage: python benchmarks/bench_reasoning.py [--quick] [--runner-backend vllm|hf] [--skip-runner]
@@ -97,11 +103,13 @@ def bench_generation(model_dir: str, batch: int, new_tokens: int) -> dict:
     return out
 
 
-# A small GRPO job on the shipped tiny config: a short SFT warm-up leaves a long-tailed length
-# distribution (most sampled answers stop after a few tokens, some run to the limit).
-RUNNER_BASE = ["trainer.sft_steps=20", "trainer.sft_batch_size=32", "trainer.eval_every=0",
+# A small GRPO job on the shipped tiny config with forced long-tailed response lengths
+# (Pareto alpha 1: half the responses are 1 token, the median 2, one in 48 runs to the limit) and a
+# reference model, whose log-probs the actor computes per arriving micro-batch.
+RUNNER_BASE = ["trainer.sft_steps=0", "trainer.eval_every=0", "trainer.max_time_s=null",
                "trainer.save_every=0", "trainer.num_minibatches=1", "trainer.micro_batch_size=16",
-               "task.num_train=100", "task.num_test=8", "rollout.max_new_tokens=24",
+               "task.num_train=100", "task.num_test=8", "rollout.max_new_tokens=48",
+               "rollout.long_tail_alpha=1.0", "algorithm.kl_coef=0.01",
                "rollout.micro_batch_size=4", "algorithm.group_size=4",
                "algorithm.dynamic_sampling=false", "algorithm.overlong_filter=false",
                "logging.console=false", "rollout.gpu_memory_utilization=0.05",
@@ -144,9 +152,14 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
     from rlinf_embodied.runners.reasoning import ReasoningRunner
-    from rlinf_embodied.scheduler.reasoning import plan_reasoning_config, reasoning_profile_for_config
+    from rlinf_embodied.runners.setup import resolve_placement
+    from rlinf_embodied.runtime import PlacementPlan
+    from rlinf_embodied.scheduler.cost_model import CostModel
+    from rlinf_embodied.scheduler.reasoning import (plan_reasoning_config,
+                                                    reasoning_plan_for_placement,
+                                                    reasoning_profile_for_config)
 
-    iters, prompts = (2, 4) if quick else (3, 4)
+    iters, prompts = (3, 4) if quick else (4, 4)
     _init_ray()
     common = RUNNER_BASE + [f"trainer.iterations={iters}", f"rollout.prompts_per_step={prompts}",
                             f"rollout.backend={backend}"]
@@ -154,11 +167,19 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     out: dict = {"backend": backend, "iterations": iters,
                  "responses_per_step": prompts * 4, "runs": {}}
     cfgs = {}
+    t0 = time.perf_counter()
+    try:  # what placement=auto does: profile the three groups, plan (3 devices)
+        auto_yaml = _auto_placement(common + RUNNER_RUNS["auto"], work / "auto")
+        out["profile_s"] = round(time.perf_counter() - t0, 1)
+    except Exception as e:  # noqa: BLE001 - report the runs all the same
+        auto_yaml, out["profile_error"] = None, f"{type(e).__name__}: {e}"[:300]
     for name, extra in runs.items():
         t0 = time.perf_counter()
         try:
             if name == "auto":
-                extra = extra + [f"placement={_auto_placement(common + extra, work / name)}"]
+                if auto_yaml is None:
+                    raise RuntimeError("profiling failed (see profile_error)")
+                extra = extra + [f"placement={auto_yaml}"]
             cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", common + extra,
                               schema=ReasoningJobConfig)
             cfgs[name] = cfg
@@ -178,23 +199,33 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     out["spatial_step_s"] = r.get("spatial", {}).get("step_s")
     if "spatial" in r and "spatial_pipelined" in r:
         out["pipelining_gain"] = round(r["spatial"]["step_s"] / r["spatial_pipelined"]["step_s"], 3)
-    if {"auto", "temporal", "spatial"} <= set(r):  # predictions from auto's measured profile
-        profile = reasoning_profile_for_config(cfgs["auto"], work / "auto")
-        pred = {"temporal": plan_reasoning_config(cfgs["temporal"], 1, profile).best,
-                "auto": plan_reasoning_config(cfgs["auto"], 3, profile).best}
-        spatial = plan_reasoning_config(cfgs["spatial"], 3, profile).by_mode.get("spatial")
+    if auto_yaml is not None and {"temporal", "spatial"} <= set(r):
+        # the profile placement=auto measured (cached in its run directory), as the scheduler
+        # uses it: predictions of the exact plans the two runs executed, and auto's pick
+        auto_cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml",
+                               common + RUNNER_RUNS["auto"], schema=ReasoningJobConfig)
+        profile = reasoning_profile_for_config(auto_cfg, work / "auto")  # its cache key
+        cost = CostModel(profile)
+        pred = {}
+        for name, devices in (("temporal", 1), ("spatial", 3)):
+            c = cfgs[name]
+            placement = PlacementPlan.from_yaml(resolve_placement(c.placement))
+            pred[name] = round(cost.iteration_time(
+                reasoning_plan_for_placement(c, placement, devices)), 3)
+        best = plan_reasoning_config(cfgs["spatial"], 3, profile).best
+        measured = {"temporal": r["temporal"]["step_s"], "spatial": r["spatial"]["step_s"]}
         out["scheduler"] = {
             "profile": profile.source,
-            "chosen_mode": pred["auto"].mode,
-            "predicted_step_s": {"temporal_1dev": round(pred["temporal"].time_s, 3),
-                                 "spatial_3dev": round(spatial.time_s, 3) if spatial else None,
-                                 "auto_3dev": round(pred["auto"].time_s, 3)},
-            "measured_step_s": {"temporal_1dev": r["temporal"]["step_s"],
-                                "spatial_3dev": r["spatial"]["step_s"],
-                                "auto_3dev": r["auto"]["step_s"]}}
+            "predicted_step_s": {"temporal_1dev": pred["temporal"], "spatial_3dev": pred["spatial"]},
+            "measured_step_s": {"temporal_1dev": measured["temporal"],
+                                "spatial_3dev": measured["spatial"]},
+            "predicted_faster": min(pred, key=pred.get),
+            "measured_faster": min(measured, key=measured.get),
+            "auto_picks_3dev": {"mode": best.mode, "predicted_step_s": round(best.time_s, 3)}}
+        if "auto" in r:
+            out["scheduler"]["measured_step_s"]["auto_3dev"] = r["auto"]["step_s"]
     else:
-        out["scheduler"] = ("not measured: --quick skips the placement=auto run" if quick else
-                            "not measured: a run failed (see runs)")
+        out["scheduler"] = "not measured: profiling or a run failed (see profile_error, runs)"
     return out
 
 
@@ -213,7 +244,10 @@ def _auto_placement(overrides: list, run_dir: Path) -> Path:
     cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
                       num_cpu_devices=cfg.cluster.num_cpu_devices)
     run_dir.mkdir(parents=True, exist_ok=True)
-    placement = auto_plan_reasoning(cfg, cluster, run_dir, "bench-auto")
+    try:
+        placement = auto_plan_reasoning(cfg, cluster, run_dir, "bench-auto")
+    finally:
+        cluster.shutdown()  # a no-op here: _init_ray's session stays for the runs
     path = run_dir.parent / "auto_placement.yaml"
     path.write_text(yaml.safe_dump({"placement": placement}))
     return path

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import importlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 __all__ = ["Generation", "GenerationBackend", "make_backend", "BACKENDS"]
 
@@ -69,6 +69,7 @@ class GenerationBackend(abc.ABC):
         top_p: float,
         seed: int,
         greedy: bool = False,
+        response_lengths: Optional[List[int]] = None,
     ) -> List[Generation]:
         """Sample one response per prompt (B prompts -> B generations, in prompt order).
 
@@ -81,6 +82,10 @@ class GenerationBackend(abc.ABC):
             seed: sampling seed; the same seed, prompts and weights give the same responses.
             greedy: argmax decoding (evaluation); ``temperature``/``top_p``/``seed`` are then
                 ignored and ``logprobs`` are still those of the temperature-1 distribution.
+            response_lengths: per prompt, the response is exactly this many tokens (B ints,
+                at most ``max_new_tokens``): EOS is suppressed before it and the response
+                ends there (``finish_reason="length"``); None lets the model decide. Forced
+                long-tailed lengths for benchmarks (``rollout.long_tail_alpha``).
         """
 
     @abc.abstractmethod

@@ -67,6 +67,11 @@ class TaskConfig:
     """Arithmetic operands are integers in [0, max_operand]."""
     num_operands: int = 2
     """Operands per arithmetic expression."""
+    no_carry: bool = False
+    """Arithmetic without carries: sums only (``+``), every operand has the digit count of
+    ``max_operand`` and each digit column adds up to at most 9 (``34+52``), so each answer
+    digit is a function of the two digits above it: a tiny model can learn the rule from
+    training questions and apply it to held-out ones."""
     prompt_format: str = "{question}="
     """Prompt text around the question (``{question}`` is replaced)."""
     use_chat_template: bool = False
@@ -104,6 +109,11 @@ class ReasoningRolloutConfig:
     long ones are still generating (RLinf paper 2.2/3.3)."""
     micro_batch_size: int = 8
     """Responses per message on the stream to the reward/actor workers (pipelining granularity)."""
+    long_tail_alpha: Optional[float] = None
+    """Benchmark knob for long-tailed response lengths: each training response is exactly
+    ``floor(Pareto(alpha))`` tokens (scale 1, clipped to ``max_new_tokens``; EOS suppressed
+    before), so most responses are short and a few run to the limit (smaller alpha, heavier
+    tail). None = off (the model decides the length)."""
     dtype: str = "float32"
     """Backend weight dtype."""
     device: Optional[str] = None
@@ -117,6 +127,9 @@ class ReasoningRolloutConfig:
     """vLLM: context length; None uses the model config's."""
 
     def __post_init__(self):
+        if self.long_tail_alpha is not None and self.long_tail_alpha <= 0:
+            raise ConfigError(f"rollout.long_tail_alpha must be > 0 or null (got "
+                              f"{self.long_tail_alpha}).")
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0 (got {self.temperature}); "
                               f"evaluation is greedy by eval.greedy.")

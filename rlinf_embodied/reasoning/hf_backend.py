@@ -119,23 +119,26 @@ class HFBackend(GenerationBackend):
                                      self.device)
         return out
 
-    def generate(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed, greedy=False):
+    def generate(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed, greedy=False,
+                 response_lengths=None):
         gens = list(self.generate_stream(prompt_ids, max_new_tokens=max_new_tokens,
                                          temperature=temperature, top_p=top_p, seed=seed,
-                                         greedy=greedy))
+                                         greedy=greedy, response_lengths=response_lengths))
         return sorted(gens, key=lambda g: g.index)
 
     def generate_stream(self, prompt_ids, *, max_new_tokens, temperature, top_p, seed,
-                        greedy: bool = False) -> Iterator[Generation]:
+                        greedy: bool = False, response_lengths=None) -> Iterator[Generation]:
         for start in range(0, len(prompt_ids), self.max_batch_size):
             chunk = prompt_ids[start:start + self.max_batch_size]
-            for g in self._decode(chunk, max_new_tokens, temperature, top_p, seed + start, greedy):
+            lengths = None if response_lengths is None else response_lengths[start:start + len(chunk)]
+            for g in self._decode(chunk, max_new_tokens, temperature, top_p, seed + start, greedy,
+                                  lengths):
                 g.index += start
                 yield g
 
     @torch.no_grad()
     def _decode(self, prompts: List[List[int]], max_new_tokens: int, temperature: float,
-                top_p: float, seed: int, greedy: bool) -> Iterator[Generation]:
+                top_p: float, seed: int, greedy: bool, lengths=None) -> Iterator[Generation]:
         from transformers import DynamicCache
 
         B, L, dev = len(prompts), max(len(p) for p in prompts), self.device
@@ -154,8 +157,13 @@ class HFBackend(GenerationBackend):
         done = [False] * B
         resp: List[List[int]] = [[] for _ in range(B)]
         lps: List[List[float]] = [[] for _ in range(B)]
+        eos = torch.tensor(sorted(self.eos_ids), device=dev)
+        lens_t = None if lengths is None else torch.tensor(lengths, device=dev)
         for t in range(max_new_tokens):
             logp = torch.log_softmax(logits, -1)
+            if lens_t is not None:  # forced lengths: no EOS before the response's length
+                logits = logits.clone()
+                logits[(lens_t > t).nonzero()[:, :1], eos[None]] = float("-inf")
             if greedy:
                 tok = logits.argmax(-1)
             else:
@@ -169,7 +177,7 @@ class HFBackend(GenerationBackend):
                 resp[b].append(toks[b])
                 lps[b].append(tok_lp[b])
                 stop = toks[b] in self.eos_ids
-                if stop or t == max_new_tokens - 1:
+                if stop or t == max_new_tokens - 1 or (lengths is not None and t == lengths[b] - 1):
                     done[b] = True
                     yield Generation(list(prompts[b]), resp[b], lps[b],
                                      "stop" if stop else "length", self._version, b)

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from pathlib import Path
 __all__ = ["ReasoningGroups", "launch_reasoning_groups", "prepare_model_dir", "REWARD_SLOT",
-           "split_evenly"]
+           "resolve_reasoning_placement", "split_evenly"]
 
 REWARD_SLOT = "env"
 """Placement-file group whose devices the reward workers use."""
@@ -60,8 +60,8 @@ class ReasoningGroups:
 def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> ReasoningGroups:
     """Start the cluster, the two channels and the rollout / reward / actor groups of ``cfg``
     (placed by ``plan`` when given, else by ``cfg.placement``; ``auto`` profiles and plans)."""
-    from rlinf_embodied.runners.setup import group_ranks, resolve_placement
-    from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
+    from rlinf_embodied.runners.setup import group_ranks
+    from rlinf_embodied.runtime import Channel, Cluster, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.reasoning_actor import ReasoningActorWorker
     from rlinf_embodied.workers.reasoning_rollout import ReasoningRolloutWorker
@@ -70,12 +70,8 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
     model_dir = prepare_model_dir(cfg, run_dir)
     cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
                       num_cpu_devices=cfg.cluster.num_cpu_devices)
-    if plan is None and cfg.placement == "auto":
-        from rlinf_embodied.scheduler.auto import auto_plan_reasoning
-
-        plan = PlacementPlan.from_dict(auto_plan_reasoning(cfg, cluster, run_dir, run_id))
-    elif plan is None:
-        plan = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
+    if plan is None:
+        plan = resolve_reasoning_placement(cfg, cluster, run_dir, run_id)
     nd = cluster.num_devices
     plan.validate(nd)
     text = re.sub(rf"\b{REWARD_SLOT}\b {{3}}", "reward", plan.describe(nd))  # keep the columns
@@ -100,6 +96,21 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
     backend = rollout.on([0]).info().wait()[0]["backend"]
     return ReasoningGroups(cfg, cluster, rollout, reward, actor, WeightSync(actor, rollout), plan,
                            model_dir, backend)
+
+
+def resolve_reasoning_placement(cfg, cluster, run_dir: Path, run_id: str):
+    """The runtime ``PlacementPlan`` of ``cfg.placement`` on ``cluster``: the named placement
+    file, or with ``auto`` the scheduler's plan (profiling the workers unless the run
+    directory caches a profile for this config, see
+    :func:`~rlinf_embodied.scheduler.reasoning.auto_plan_reasoning`)."""
+    from rlinf_embodied.runners.setup import resolve_placement
+    from rlinf_embodied.runtime import PlacementPlan
+
+    if cfg.placement == "auto":
+        from rlinf_embodied.scheduler.reasoning import auto_plan_reasoning
+
+        return PlacementPlan.from_dict(auto_plan_reasoning(cfg, cluster, run_dir, run_id))
+    return PlacementPlan.from_yaml(resolve_placement(cfg.placement))
 
 
 def split_evenly(items: list, parts: int) -> list:

@@ -51,13 +51,28 @@ def _arith(rng: np.random.Generator, max_operand: int, num_operands: int) -> tup
     return text, value
 
 
+def _arith_no_carry(rng: np.random.Generator, max_operand: int, num_operands: int) -> tuple[str, int]:
+    digits = len(str(max_operand))
+    cols = []
+    for d in range(digits):  # most significant first; a leading digit is >= 1
+        lo = 1 if d == 0 and digits > 1 else 0
+        while True:
+            col = rng.integers(lo, 10, size=num_operands)
+            if col.sum() <= 9:
+                break
+        cols.append(col)
+    nums = [int("".join(str(int(c[k])) for c in cols)) for k in range(num_operands)]
+    return "+".join(map(str, nums)), sum(nums)
+
+
 def _split_of(question: str, seed: int, test_fraction: float) -> str:
     h = int.from_bytes(hashlib.sha256(f"{seed}:{question}".encode()).digest()[:8], "little")
     return "test" if h / 2**64 < test_fraction else "train"
 
 
 def arithmetic_problems(split: str, num: int, seed: int = 0, max_operand: int = 20,
-                        num_operands: int = 2, test_fraction: float = 0.2) -> List[Problem]:
+                        num_operands: int = 2, test_fraction: float = 0.2,
+                        no_carry: bool = False) -> List[Problem]:
     """``num`` distinct problems like ``"13+7-2"`` (answer ``"18"``) of ``split``.
 
     Every possible question belongs to exactly one split, by a hash of ``(seed, question)``
@@ -70,25 +85,38 @@ def arithmetic_problems(split: str, num: int, seed: int = 0, max_operand: int = 
         max_operand: operands are integers in [0, max_operand].
         num_operands: operands per expression (>= 2), joined by random ``+``/``-``.
         test_fraction: share of all questions held out for ``test``.
+        no_carry: sums without carries (``"34+52"``): ``+`` only, every operand has the digit
+            count of ``max_operand`` (leading digit >= 1) and each digit column sums to <= 9.
 
     Raises:
-        ValueError: for an unknown split, or when ``num`` exceeds about the distinct questions
-            the split can hold.
+        ValueError: for an unknown split, or when ``num`` exceeds 90% of about the distinct
+            questions the split can hold (or the questions it actually holds).
     """
     if split not in _SPLIT_OFFSET:
         raise ValueError(f"split must be 'train' or 'test' (got {split!r}).")
     if num_operands < 2:
         raise ValueError(f"num_operands must be >= 2 (got {num_operands}).")
     space = (max_operand + 1) ** num_operands * 2 ** (num_operands - 1)
+    if no_carry:  # columns of num_operands digits summing to <= 9, leading column from 1
+        from math import comb
+
+        digits = len(str(max_operand))
+        lead = comb(9, num_operands) if digits > 1 else comb(9 + num_operands, num_operands)
+        space = lead * comb(9 + num_operands, num_operands) ** (digits - 1)
     share = test_fraction if split == "test" else 1 - test_fraction
-    if num > 0.5 * share * space:
+    if num > 0.9 * share * space:
         raise ValueError(f"{split} holds about {int(share * space)} distinct problems for "
                          f"max_operand={max_operand}, num_operands={num_operands}; ask for at "
-                         f"most half of them (num={num}) or raise max_operand.")
+                         f"most 90% of them (num={num}) or raise max_operand.")
     rng = np.random.default_rng([seed, _SPLIT_OFFSET[split]])
-    seen, out = set(), []
+    seen, out, draws = set(), [], 0
     while len(out) < num:
-        q, v = _arith(rng, max_operand, num_operands)
+        draws += 1
+        if draws > 100 * space:  # the hash gave this split fewer questions than asked for
+            raise ValueError(f"{split} holds only {len(out)} distinct problems for max_operand="
+                             f"{max_operand}, num_operands={num_operands} (num={num}); lower "
+                             f"num or raise max_operand.")
+        q, v = (_arith_no_carry if no_carry else _arith)(rng, max_operand, num_operands)
         if q in seen or _split_of(q, seed, test_fraction) != split:
             continue
         seen.add(q)
@@ -139,7 +167,8 @@ def load_problems(task, split: str) -> List[Problem]:
     """Problems of ``split`` for a task config section (``type`` ``arithmetic`` or ``jsonl``)."""
     if task.type == "arithmetic":
         num = task.num_train if split == "train" else task.num_test
-        return arithmetic_problems(split, num, task.seed, task.max_operand, task.num_operands)
+        return arithmetic_problems(split, num, task.seed, task.max_operand, task.num_operands,
+                                   no_carry=task.no_carry)
     path = task.path if split == "train" else (task.test_path or task.path)
     return load_jsonl(path, task.question_key, task.answer_key,
                       task.num_train if split == "train" else task.num_test)

@@ -115,7 +115,7 @@ class VLLMBackend(GenerationBackend):
 
     # ---- sampling ------------------------------------------------------------------------
     def _params(self, n_prompts: int, max_new_tokens: int, temperature: float, top_p: float,
-                seed: int, greedy: bool):
+                seed: int, greedy: bool, response_lengths=None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -123,23 +123,27 @@ class VLLMBackend(GenerationBackend):
             raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
         # One seed per request: a response depends on its own prompt, position and seed only,
         # not on which other requests share its batch.
+        lens = [int(max_new_tokens)] * n_prompts if response_lengths is None else \
+            [min(int(n), int(max_new_tokens)) for n in response_lengths]
         return [SamplingParams(
-            n=1, max_tokens=int(max_new_tokens), temperature=0.0 if greedy else float(temperature),
+            n=1, max_tokens=lens[i], temperature=0.0 if greedy else float(temperature),
             top_p=1.0 if greedy else float(top_p), seed=int(seed) + i, logprobs=0,
-            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            min_tokens=0 if response_lengths is None else lens[i])
             for i in range(n_prompts)]
 
     def generate(self, prompt_ids: list[list[int]], *, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int, greedy: bool = False) -> list[Generation]:
+                 top_p: float, seed: int, greedy: bool = False,
+                 response_lengths=None) -> list[Generation]:
         """See :meth:`GenerationBackend.generate`; ``greedy`` decodes by argmax."""
         gens = list(self.generate_stream(prompt_ids, max_new_tokens=max_new_tokens,
                                          temperature=temperature, top_p=top_p, seed=seed,
-                                         greedy=greedy))
+                                         greedy=greedy, response_lengths=response_lengths))
         return sorted(gens, key=lambda g: g.index)
 
     def generate_stream(self, prompt_ids: list[list[int]], *, max_new_tokens: int,
                         temperature: float, top_p: float, seed: int,
-                        greedy: bool = False) -> Iterator[Generation]:
+                        greedy: bool = False, response_lengths=None) -> Iterator[Generation]:
         """See :meth:`GenerationBackend.generate_stream`: steps the engine and yields each
         request the step it finishes. Requests still running when the caller stops iterating
         are aborted."""
@@ -153,7 +157,8 @@ class VLLMBackend(GenerationBackend):
         if engine.has_unfinished_requests():
             raise RuntimeError("the vLLM engine is busy with another generate_stream; finish or "
                                "close that iterator first.")
-        params = self._params(len(prompt_ids), max_new_tokens, temperature, top_p, seed, greedy)
+        params = self._params(len(prompt_ids), max_new_tokens, temperature, top_p, seed, greedy,
+                              response_lengths)
         version = self._version
         self._calls += 1
         # Our own request ids: outputs and abort_request use these (the engine appends a

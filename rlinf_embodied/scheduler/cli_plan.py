@@ -85,9 +85,10 @@ def plan_command(
     return report_text(result, header)
 
 
-def _configured(cfg, devices: int, profile) -> dict | None:
+def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement) -> dict | None:
     """Prediction of the job's own placement on ``devices`` devices (None for ``auto`` or a
-    placement that does not fit)."""
+    placement that does not fit); ``plan_fn(cfg, placement, devices)`` builds the workflow's
+    plan tree (the reasoning workflow passes its own)."""
     from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
 
     if cfg.placement == "auto":
@@ -99,7 +100,7 @@ def _configured(cfg, devices: int, profile) -> dict | None:
         placement.validate(devices)
     except PlacementError:
         return None
-    plan = plan_for_placement(cfg, placement, devices)
+    plan = plan_fn(cfg, placement, devices)
     return {
         "placement": cfg.placement,
         "plan": describe(plan),

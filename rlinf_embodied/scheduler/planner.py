@@ -112,13 +112,17 @@ class PlanResult:
         return placement_dict(self.best.plan)
 
     def runner_ups(self, n: int = 4) -> list[Candidate]:
-        """Best plan of each other mode, then the next alternatives, up to ``n``."""
+        """Best plan of each other mode, then the next alternatives, up to ``n``; a plan
+        described like one already listed (e.g. another nesting of the same temporal chain)
+        is skipped."""
         out = [c for m, c in sorted(self.by_mode.items()) if c is not self.best]
         out.sort(key=lambda c: c.time_s)
+        shown = {describe(c.plan) for c in [self.best, *out]}
         for c in self.alternatives[1:]:
             if len(out) >= n:
                 break
-            if all(c.plan != o.plan for o in out):
+            if describe(c.plan) not in shown:
+                shown.add(describe(c.plan))
                 out.append(c)
         return sorted(out[:n], key=lambda c: (c.time_s, describe(c.plan)))
 

@@ -18,7 +18,8 @@ from rlinf_embodied.scheduler.planner import PlannerOptions, PlanResult, report_
 from rlinf_embodied.scheduler.profiles import GiB, WorkflowProfile, affine_profile
 
 __all__ = ["reasoning_graph", "reasoning_analytic_profile", "reasoning_profile_for_config",
-           "plan_reasoning_config", "auto_plan_reasoning", "reasoning_plan_command"]
+           "plan_reasoning_config", "reasoning_plan_for_placement", "auto_plan_reasoning",
+           "reasoning_plan_command"]
 
 
 def reasoning_graph(cfg: Any) -> WorkflowGraph:
@@ -89,6 +90,45 @@ def plan_reasoning_config(cfg: Any, devices: int, profile: WorkflowProfile,
     return search(reasoning_graph(cfg), profile, devices, options)
 
 
+def reasoning_plan_for_placement(cfg: Any, placement: Any, num_devices: int):
+    """The plan tree the runtime executes for a fixed placement of a reasoning job.
+
+    Rollout, reward (the placement's ``env`` slot) and actor are leaves, each data-parallel
+    over its ranks with ``ceil(P * G / ranks)`` responses per call. Consecutive groups whose
+    devices overlap run one after the other on the same devices (``Temporal``, offloaded when
+    the placement context-switches), others side by side (``Spatial``, one chunk: the reward
+    and the actor start on a step's responses once they are generated; elastic pipelining of
+    uneven lengths is not modelled).
+
+    Args:
+        cfg: a ``ReasoningJobConfig``.
+        placement: a runtime ``PlacementPlan`` (groups ``rollout``, ``env``, ``actor``).
+        num_devices: devices of the cluster.
+
+    Returns:
+        A :data:`~rlinf_embodied.scheduler.cost_model.Plan` for the cost model.
+    """
+    import math
+
+    from rlinf_embodied.scheduler.cost_model import Leaf, Spatial, Temporal
+
+    stages = dict(zip(("rollout", "reward", "actor"), reasoning_graph(cfg).stages()))
+    slot = {"rollout": "rollout", "reward": "env", "actor": "actor"}
+    ids = {g: set(placement.device_ids(slot[g], num_devices)) for g in stages}
+    leaves = {}
+    for g, st in stages.items():
+        ranks = len(ids[g]) * placement.group(slot[g]).procs_per_device
+        leaves[g] = Leaf(st, len(ids[g]), math.ceil(st.items / ranks))
+    plan, used = leaves["rollout"], set(ids["rollout"])
+    for g in ("reward", "actor"):
+        if used & ids[g]:
+            plan = Temporal(plan, leaves[g], bool(placement.context_switch))
+        else:
+            plan = Spatial(plan, leaves[g], 1)
+        used |= ids[g]
+    return plan
+
+
 def _to_runtime_slots(placement: dict) -> dict:
     groups = dict(placement["groups"])
     groups["env"] = groups.pop("reward")
@@ -137,7 +177,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     """``rlinf-embodied plan`` for a reasoning job: the report to print."""
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
-    from rlinf_embodied.scheduler.cli_plan import _default_devices
+    from rlinf_embodied.scheduler.cli_plan import _configured, _default_devices
 
     cfg = load_config(config_path, overrides, schema=ReasoningJobConfig)
     n = devices if devices is not None else _default_devices(cfg)
@@ -146,10 +186,15 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     g = reasoning_graph(cfg)
     workload = {"workflow": "reasoning", "responses": g.node("rollout").items,
                 "max_new_tokens": cfg.rollout.max_new_tokens, "actor_samples": g.node("actor").items}
+    configured = _configured(cfg, n, profile, reasoning_plan_for_placement)
     if as_json:
-        return report_json(result, {"config": str(config_path), "workload": workload}) + "\n"
+        return report_json(result, {"config": str(config_path), "workload": workload,
+                                    "configured": configured}) + "\n"
     header = [f"Plan for {config_path}",
               f"Workload per step: {cfg.rollout.prompts_per_step} prompts x G="
               f"{cfg.algorithm.group_size} = {workload['responses']} responses of up to "
               f"{workload['max_new_tokens']} tokens (reward in the placement's env slot)"]
+    if configured is not None:
+        header.append(f"Configured: placement={configured['placement']} "
+                      f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})")
     return report_text(result, header)

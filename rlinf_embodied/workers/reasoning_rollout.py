@@ -15,12 +15,22 @@ from typing import Dict, List
 from rlinf_embodied.reasoning.messages import EndOfStream, PromptRequest, Response, ResponseBatch
 from rlinf_embodied.runtime import Channel, Worker, flush_puts
 
-__all__ = ["ReasoningRolloutWorker", "rollout_seed"]
+__all__ = ["ReasoningRolloutWorker", "long_tail_lengths", "rollout_seed"]
 
 
 def rollout_seed(run_seed: int, step: int, rank: int) -> int:
     """Sampling seed of rollout rank ``rank`` at ``step`` (distinct per step and rank)."""
     return (run_seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**31 - 1)
+
+
+def long_tail_lengths(n: int, alpha: float, max_len: int, seed: int) -> List[int]:
+    """``n`` forced response lengths ``floor(X)``, ``X ~ Pareto(alpha)`` with scale 1 token
+    (``P(len >= k) = k^-alpha``: alpha 1 gives half the responses 1 token, one in 48 at 48),
+    clipped to ``[1, max_len]`` (``rollout.long_tail_alpha``)."""
+    import numpy as np
+
+    x = np.random.default_rng(seed).pareto(alpha, size=n) + 1.0
+    return np.clip(np.floor(x), 1, max_len).astype(int).tolist()
 
 
 class ReasoningRolloutWorker(Worker):
@@ -79,6 +89,9 @@ class ReasoningRolloutWorker(Worker):
         prompts = [q.prompt_ids for q in requests for _ in range(G)]
         kw = dict(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                   seed=rollout_seed(self.cfg.run.seed, step, self.rank))
+        if r.long_tail_alpha is not None:
+            kw["response_lengths"] = long_tail_lengths(len(prompts), r.long_tail_alpha,
+                                                     r.max_new_tokens, kw["seed"])
         stats = {"responses": 0.0, "tokens": 0.0, "truncated": 0.0}
         t0 = time.perf_counter()
         with self.device_lock():
@@ -125,9 +138,11 @@ class ReasoningRolloutWorker(Worker):
 
         r = self.cfg.rollout
         prompts = [[1 + (i % 7)] * 8 for i in range(batch)]
+        lengths = (None if r.long_tail_alpha is None else  # the lengths the job will generate
+                   long_tail_lengths(batch, r.long_tail_alpha, r.max_new_tokens, 0))
         with self.device_lock():
             self.backend.generate(prompts, max_new_tokens=r.max_new_tokens, temperature=1.0,
-                                  top_p=1.0, seed=0)
+                                  top_p=1.0, seed=0, response_lengths=lengths)
         return _peak_bytes()
 
     def onload(self) -> None:

@@ -46,4 +46,41 @@ def test_plan_cli_on_a_reasoning_config():
     assert "reward" in r.output and "Chosen:" in r.output and "analytic default (reasoning" in r.output
     j = CliRunner().invoke(app, ["plan", "configs/reasoning_grpo_tiny.yaml", "--devices", "2", "--json"])
     assert j.exit_code == 0, j.output
-    assert json.loads(j.output)["workload"]["responses"] == 128
+    assert json.loads(j.output)["workload"]["responses"] == 32 * 8  # prompts_per_step x G
+
+
+def test_plan_cli_prints_the_configured_placement_and_no_duplicate_runner_up():
+    r = CliRunner().invoke(app, ["plan", "configs/reasoning_grpo_tiny.yaml", "--devices", "1"])
+    assert r.exit_code == 0, r.output
+    assert "Configured: placement=collocated" in r.output
+    chosen = r.output.split("Chosen: ")[1].splitlines()[0]
+    runner_ups = r.output.split("Runner-ups:")[1].split("Why:")[0]
+    assert chosen.split("  micro_batch")[0] not in runner_ups  # the chosen plan is not repeated
+    j = CliRunner().invoke(app, ["plan", "configs/reasoning_grpo_tiny.yaml", "--devices", "3",
+                                 "placement=disaggregated", "--json"])
+    conf = json.loads(j.output)["configured"]
+    assert conf["placement"] == "disaggregated" and conf["plan"].count("@") == 3
+    assert conf["predicted_iteration_s"] > json.loads(j.output)["chosen"]["predicted_iteration_s"]
+
+
+def test_placement_auto_resolves_from_a_cached_profile(tmp_path):
+    """``placement: auto`` goes through the launcher's resolution to the scheduler's plan
+    (a cached profile in the run directory skips the profiling run)."""
+    from dataclasses import replace
+
+    from rlinf_embodied.reasoning.launch import resolve_reasoning_placement
+    from rlinf_embodied.scheduler.profiler import save_profile
+    from rlinf_embodied.scheduler.reasoning import _profile_key
+
+    cfg = _cfg("placement=auto")
+    prof = replace(reasoning_analytic_profile(cfg), source="measured (test)")
+    save_profile(tmp_path, _profile_key(cfg), prof)
+
+    class _Cluster:
+        num_devices = 3
+
+    plan = resolve_reasoning_placement(cfg, _Cluster(), tmp_path, "t")
+    plan.validate(3)
+    want = _to_runtime_slots(plan_reasoning_config(cfg, 3, prof).placement())
+    assert plan == PlacementPlan.from_dict(want)
+    assert [plan.device_ids(g, 3) for g in ("rollout", "env", "actor")] == [[0, 1, 2]] * 3

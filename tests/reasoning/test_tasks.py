@@ -70,3 +70,39 @@ def test_reasoning_config_is_strict_and_detected(tmp_path):
         load_config("configs/reasoning_grpo_tiny.yaml", ["algorithm.nope=1"], schema=ReasoningJobConfig)
     gpu = load_config("configs/reasoning_grpo_qwen2.5_0.5b.yaml", schema=ReasoningJobConfig)
     assert gpu.task.type == "jsonl" and gpu.model.path
+
+
+def test_no_carry_sums_have_no_carry_and_split_disjointly():
+    train = arithmetic_problems("train", 800, seed=0, max_operand=99, no_carry=True)
+    test = arithmetic_problems("test", 100, seed=0, max_operand=99, no_carry=True)
+    assert not {p.question for p in train} & {p.question for p in test}
+    for p in train + test:
+        a, b = p.question.split("+")
+        assert len(a) == len(b) == 2 and int(p.answer) == int(a) + int(b)
+        assert all(int(x) + int(y) <= 9 for x, y in zip(a, b)), p.question
+    with pytest.raises(ValueError, match="raise max_operand"):  # 36 x 55 questions in all
+        arithmetic_problems("train", 1500, max_operand=99, no_carry=True)
+
+
+def test_long_tail_lengths_force_exact_response_lengths(tmp_path):
+    """``rollout.long_tail_alpha``: Pareto lengths, and the HF backend generates exactly them
+    (the streamed order follows the lengths: short responses leave first)."""
+    from rlinf_embodied.reasoning.config import ReasoningRolloutConfig
+    from rlinf_embodied.reasoning.hf_backend import HFBackend
+    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.workers.reasoning_rollout import long_tail_lengths
+
+    lens = long_tail_lengths(2000, 1.0, 48, seed=0)
+    assert min(lens) == 1 and max(lens) == 48 and lens == long_tail_lengths(2000, 1.0, 48, 0)
+    frac = sum(n >= 48 for n in lens) / len(lens)
+    assert 0.01 < frac < 0.05  # P(Pareto(1) > 47) = 1/48
+    assert sorted(lens)[len(lens) // 2] <= 2  # the median response is short
+    model = build_tiny_model(tmp_path / "m", ["12+3=15", "7+2=9"] * 20, seed=0)
+    be = HFBackend(str(model), ReasoningRolloutConfig())
+    want = [1, 7, 3, 12, 2, 12]
+    kw = dict(max_new_tokens=12, temperature=1.0, top_p=1.0, seed=0, response_lengths=want)
+    gens = be.generate([[5, 6, 7]] * 6, **kw)
+    assert [len(g.response_ids) for g in gens] == want
+    assert all(be.eos_ids.isdisjoint(g.response_ids[:-1]) for g in gens)
+    order = [g.index for g in be.generate_stream([[5, 6, 7]] * 6, **kw)]
+    assert [want[i] for i in order] == sorted(want)
