@@ -6,6 +6,8 @@ The preempted run has 1 reserved + 3 preemptible workers on the driver's node an
 (``chunk_tokens=1``) of a shard, and the kills hit the 4th-6th preemptible requests: each is a
 worker's continuation of its first shard, so 3 preemptions per iteration land on responses
 with generated tokens, whatever the timing. The clean run has one reserved worker only.
+The default-suite test runs one iteration (killed workers are not replaced); the slow one three,
+with replacements joining mid-iteration.
 """
 
 import pytest
@@ -17,8 +19,7 @@ from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEv
 from rlinf_embodied.elastic.reasoning import ElasticReasoningRunner
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 
-ITERS = 2
-SMALL = [f"trainer.iterations={ITERS}", "trainer.sft_steps=10", "trainer.sft_batch_size=16",
+SMALL = ["trainer.sft_steps=10", "trainer.sft_batch_size=16",
          "trainer.eval_every=0", "trainer.save_every=1", "trainer.num_minibatches=2",
          "trainer.micro_batch_size=4", "task.num_train=60", "task.num_test=4",
          "rollout.prompts_per_step=4", "rollout.micro_batch_size=3", "rollout.max_new_tokens=5",
@@ -26,8 +27,9 @@ SMALL = [f"trainer.iterations={ITERS}", "trainer.sft_steps=10", "trainer.sft_bat
          "algorithm.overlong_filter=false", "logging.console=false"]
 
 
-def _run(tmp_path, name, elastic):
-    cfg = load_config("configs/reasoning_grpo_tiny.yaml", SMALL, schema=ReasoningJobConfig)
+def _run(tmp_path, name, elastic, iters):
+    cfg = load_config("configs/reasoning_grpo_tiny.yaml", SMALL + [f"trainer.iterations={iters}"],
+                      schema=ReasoningJobConfig)
     runner = ElasticReasoningRunner(cfg, tmp_path / name, elastic=elastic)
     res = runner.run()
     return res, runner.elastic_records, load_file(str(tmp_path / name / "model" / "model.safetensors"))
@@ -38,16 +40,20 @@ def _tokens(rec):
             for r in rec["responses"]]
 
 
-def test_preempted_responses_continue_and_training_matches_clean_run(ray_session, tmp_path):
+@pytest.mark.parametrize("iters, restart", [
+    (1, "never"), pytest.param(3, "immediate", marks=pytest.mark.slow)])
+def test_preempted_responses_continue_and_training_matches_clean_run(ray_session, tmp_path, iters,
+                                                                     restart):
     common = dict(preemptible_resource="", shard_responses=2, chunk_tokens=1, wait_for_joins=True)
     clean = ElasticConfig(reserved_workers=1, **common)
-    kills = [PreemptionEvent(i, d) for i in range(ITERS) for d in (3, 4, 5)]
+    kills = [PreemptionEvent(i, d) for i in range(iters) for d in (3, 4, 5)]
     preempted = ElasticConfig(reserved_workers=1, preemptible_workers=3, **common,
-                              preemption=PreemptionConfig(mode="schedule", schedule=kills))
-    res_c, rec_c, w_c = _run(tmp_path, "clean", clean)
-    res_p, rec_p, w_p = _run(tmp_path, "preempted", preempted)
+                              preemption=PreemptionConfig(mode="schedule", schedule=kills,
+                                                          restart=restart))
+    res_c, rec_c, w_c = _run(tmp_path, "clean", clean, iters)
+    res_p, rec_p, w_p = _run(tmp_path, "preempted", preempted, iters)
 
-    assert len(rec_p) == len(rec_c) == ITERS
+    assert len(rec_p) == len(rec_c) == iters
     migrated = 0
     for rc, rp in zip(rec_c, rec_p):
         keys = [(r["group"], r["sample"]) for r in rp["responses"]]
@@ -62,7 +68,7 @@ def test_preempted_responses_continue_and_training_matches_clean_run(ray_session
         for r in rp["responses"]:  # one worker name per generated piece (token here)
             assert len(r["workers"]) == len(r["response_ids"])
         migrated += rp["metrics"]["elastic/migrated_responses"]
-    assert migrated >= 3 * ITERS
+    assert migrated >= 3 * iters
     train = lambda res: [{k: v for k, v in s.items() if k.startswith("train/")} for s in res["steps"]]  # noqa: E731
     assert train(res_p) == train(res_c)
     for k in w_c:
