@@ -26,7 +26,7 @@ import concurrent.futures as cf
 import dataclasses
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.runners.reasoning import ReasoningRunner
