@@ -201,7 +201,7 @@ def bench_reasoning(quick: bool) -> dict:
     import tempfile
 
     prompts, group, max_new = (4, 4, 6) if quick else (8, 4, 8)
-    cost_s, chunk, shard_responses = (0.01, 2, 2) if quick else (0.02, 2, 2)
+    cost_s, chunk, shard_responses = (0.02, 2, 2) if quick else (0.05, 2, 2)  # sleep >> a tiny forward
     iterations = 1 if quick else 3
     with tempfile.TemporaryDirectory() as root:
         cfg, model_dir, reqs, store = reasoning_setup(root, prompts, group, max_new)  # noqa: F841
