@@ -14,8 +14,16 @@ Prints one JSON line last:
     join_ready_s                 spawn -> process, envs, policy and current weights ready
     recovery_s                   kill -> the killed worker's shard finished elsewhere
     breakdown                    per setting: rollout wall, shard seconds, reserved share
+    reasoning                    the reasoning workflow's elastic generation (tiny Qwen2 from
+                                 config, every generated token costs ``token_cost_s`` of sleep):
+                                 tokens_per_s with 0/1/2 preemptible workers, speedup, and a run
+                                 with 1 reserved + 2 preemptible workers and 3 seeded worker
+                                 kills per step: migrated responses, resumed (not regenerated)
+                                 tokens, the bound on lost tokens, and whether its responses
+                                 equal the reserved-only run's bit for bit
 
 Usage: python benchmarks/bench_elastic.py [--quick]
+(run measurements under ``flock /work/measure.lock``, see the project rules)
 """
 
 from __future__ import annotations
@@ -120,6 +128,103 @@ def measure_preemption(cfg, spec, store_name) -> dict:
     }
 
 
+def reasoning_setup(root, prompts: int, group: int, max_new_tokens: int):
+    """The tiny reasoning job, its model directory, the weight store (version 0) and each
+    step's prompts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_embodied.config import load_config as load
+    from rlinf_embodied.elastic.weights import weight_store
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.reasoning.launch import prepare_model_dir
+    from rlinf_embodied.reasoning.messages import PromptRequest
+    from rlinf_embodied.reasoning.tasks import format_prompt, load_problems
+
+    cfg = load("configs/reasoning_grpo_tiny.yaml", [
+        f"rollout.prompts_per_step={prompts}", f"algorithm.group_size={group}",
+        f"rollout.max_new_tokens={max_new_tokens}", "task.num_train=64"], schema=ReasoningJobConfig)
+    model_dir = prepare_model_dir(cfg, root)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    probs = load_problems(cfg.task, "train")
+    reqs = [PromptRequest(j, p.uid, format_prompt(tok, cfg.task, p.question), p.answer)
+            for j, p in enumerate(probs[:prompts])]
+    store = weight_store("bench-reasoning-weights", create=True)
+    state = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    ray.get(store.publish.remote(0, [ray.put(state)]))
+    return cfg, model_dir, reqs, store
+
+
+def measure_reasoning(cfg, model_dir, reqs, preemptible: int, iterations: int, cost_s: float,
+                      chunk: int, shard_responses: int, kills: int = 0) -> dict:
+    """Generate ``iterations`` steps (after a warm-up step) on 1 reserved + ``preemptible``
+    workers; with ``kills``, the workers that get preemptible requests 1, 3, 5, ... are killed
+    (replacements join at once)."""
+    from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
+    from rlinf_embodied.elastic.pool import ElasticRolloutPool
+    from rlinf_embodied.elastic.reasoning import ElasticReasoningWorker, migration_metrics, shard_items
+
+    G = cfg.algorithm.group_size
+    sched = [PreemptionEvent(i, 1 + 2 * k) for i in range(1, iterations + 1) for k in range(kills)]
+    e = ElasticConfig(reserved_workers=1, preemptible_workers=preemptible, preemptible_resource="",
+                      shard_responses=shard_responses, chunk_tokens=chunk, wait_for_joins=True,
+                      preemption=PreemptionConfig(mode="schedule" if kills else "off", schedule=sched))
+    n = len(reqs) * G // shard_responses
+    pool = ElasticRolloutPool(cfg, None, "bench-reasoning-weights", elastic=e, num_shards=n,
+                              worker_cls=ElasticReasoningWorker,
+                              init_args=(cfg, model_dir, "bench-reasoning-weights", chunk, cost_s))
+    try:
+        t0 = time.perf_counter()
+        pool.start()
+        start_s = time.perf_counter() - t0
+        pool.collect(0, 0, shard_items(reqs, G, cfg.run.seed, 0, shard_responses))  # warm-up
+        t0 = time.perf_counter()
+        res = [pool.collect(i, 0, shard_items(reqs, G, cfg.run.seed, i, shard_responses))
+               for i in range(1, iterations + 1)]
+        wall = time.perf_counter() - t0
+    finally:
+        pool.shutdown()
+    items = [[it for part in r.parts[0] for it in part] for r in res]
+    tokens = sum(len(it["response_ids"]) for its in items for it in its)
+    mig = [migration_metrics(its, r.record["events"], chunk, shard_responses) for its, r in zip(items, res)]
+    out = {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "pool_start_s": start_s,
+           "reserved_share": sum(r.metrics["elastic/reserved_share"] for r in res) / len(res),
+           "preemptions": sum(r.metrics["elastic/preemptions"] for r in res),
+           "lost_shards": sum(r.metrics["elastic/lost_shards"] for r in res)}
+    for k in mig[0]:
+        out[k.split("/")[1]] = sum(m[k] for m in mig)
+    out["responses"] = [[(it["group"], it["sample"], it["response_ids"], it["logprobs"]) for it in its]
+                        for its in items]
+    return out
+
+
+def bench_reasoning(quick: bool) -> dict:
+    import tempfile
+
+    prompts, group, max_new = (4, 4, 6) if quick else (8, 4, 8)
+    cost_s, chunk, shard_responses = (0.02, 2, 2) if quick else (0.05, 2, 2)  # sleep >> a tiny forward
+    iterations = 1 if quick else 3
+    with tempfile.TemporaryDirectory() as root:
+        cfg, model_dir, reqs, store = reasoning_setup(root, prompts, group, max_new)  # noqa: F841
+        runs = {key: measure_reasoning(cfg, model_dir, reqs, p, iterations, cost_s, chunk, shard_responses)
+                for p, key in ((0, "reserved_only"), (1, "plus_1_preemptible"), (2, "plus_2_preemptible"))}
+        runs["plus_2_preempted"] = measure_reasoning(cfg, model_dir, reqs, 2, iterations, cost_s, chunk,
+                                                     shard_responses, kills=3)
+    same = runs["plus_2_preempted"]["responses"] == runs["reserved_only"]["responses"]
+    for r in runs.values():
+        del r["responses"]
+    tput = {k: v["tokens_per_s"] for k, v in runs.items()}
+    pre = runs["plus_2_preempted"]
+    return {"workload": {"prompts": prompts, "group_size": group, "max_new_tokens": max_new,
+                         "token_cost_s": cost_s, "chunk_tokens": chunk, "shard_responses": shard_responses,
+                         "steps": iterations},
+            "tokens_per_s": tput,
+            "speedup_vs_reserved_only": {k: v / tput["reserved_only"] for k, v in tput.items()},
+            "preempted": {k: pre[k] for k in ("preemptions", "lost_shards", "migrated_responses",
+                                              "resumed_tokens", "lost_token_bound")},
+            "preempted_responses_equal_reserved_only": same,
+            "breakdown": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -142,6 +247,7 @@ def main() -> None:
             "elastic.wait_for_joins=false", "elastic.preemption.mode=schedule",
             "elastic.preemption.schedule=[{iteration: 1, dispatch: 0}]"])
         rec = measure_preemption(pre, spec, "bench-weights")
+        reasoning = bench_reasoning(args.quick)
     finally:
         ray.shutdown()
     tput = {k: v["env_steps_per_s"] for k, v in out.items()}
@@ -155,6 +261,7 @@ def main() -> None:
         "join_ready_s": rec["join_ready_s"],
         "recovery_s": rec["recovery_s"],
         "breakdown": {**out, "preemption": rec},
+        "reasoning": reasoning,
         "loadavg_before": load_before, "loadavg_after": open("/proc/loadavg").read().split()[:3],
         "cpus": os.cpu_count(), "seconds": time.perf_counter() - t_all,
     }

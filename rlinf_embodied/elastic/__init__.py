@@ -6,11 +6,14 @@
 * :class:`~rlinf_embodied.elastic.runner.ElasticEmbodiedRunner`: the embodied runner on it.
 * :class:`~rlinf_embodied.elastic.multinode.LocalMultiNodeCluster`: real raylets on one machine.
 
-Hook for the reasoning workflow: a reasoning runner plugs in by giving the pool a worker class
-with ``run_shard(iteration, shard, version) -> {"shard", "traj", "episodes", "stats", ...}``
-(one shard = a fixed slice of the iteration's prompts with per-prompt sampling seeds, so a
-re-run reproduces the responses) and consuming :class:`~rlinf_embodied.elastic.pool.RolloutResult`.
-Continuing a response from its partial tokens is not implemented.
+* :class:`~rlinf_embodied.elastic.reasoning.ElasticReasoningRunner`: the reasoning runner on
+  it, with token-level migration (a preempted worker's responses continue from their partial
+  tokens elsewhere, bit-identical to an un-preempted run).
+
+Other workloads plug in by giving the pool a worker class (``worker_cls``, ``init_args``) with
+``run_shard(iteration, shard, version[, state]) -> {"shard", "traj", "stats", ...}``; with
+``collect(..., initial_state=...)`` shards are resumable (a call may return ``{"partial":
+state}``, see :mod:`rlinf_embodied.elastic.pool`).
 
 Importing this package imports only the config; the rest loads on first use.
 """

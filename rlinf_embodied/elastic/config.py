@@ -105,6 +105,12 @@ class ElasticConfig:
     preemptible_workers)`` that divides every actor rank's envs (one shard per worker). Set it
     explicitly to keep trajectories identical across pools of different sizes: the shard size
     is part of the seeding (each shard resets and samples as one batch)."""
+    shard_responses: int = 0
+    """Reasoning workflow: responses per shard (0 = ``algorithm.group_size``, one prompt's
+    group); must divide the step's ``prompts_per_step * group_size`` responses."""
+    chunk_tokens: int = 4
+    """Reasoning workflow: tokens a worker generates per response before it reports the partial
+    tokens back; a preemption loses at most this many tokens of each in-flight response."""
     torch_threads: int = 1
     """CPU threads of each elastic worker process."""
     throughput_ema: float = 0.5
@@ -131,6 +137,9 @@ class ElasticConfig:
                 f"Set elastic.reserved_workers to at least 1 (got {self.reserved_workers}): "
                 f"reserved capacity is what the run falls back to when every preemptible worker "
                 f"is gone.")
+        if self.chunk_tokens < 1 or self.shard_responses < 0:
+            raise _error(f"Set elastic.chunk_tokens >= 1 and elastic.shard_responses >= 0 "
+                         f"(got {self.chunk_tokens} and {self.shard_responses}).")
         if self.preemptible_workers < 0 or self.shard_envs < 0:
             raise _error(
                 f"Set elastic.preemptible_workers and elastic.shard_envs to >= 0 "

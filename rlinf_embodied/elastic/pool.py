@@ -7,6 +7,11 @@ one kept. Replacement workers start in the background (``elastic.preemption.rest
 work as soon as they are up, pulling the current weights themselves
 (:class:`~rlinf_embodied.elastic.weights.WeightStore`). Who takes the next shard is decided by
 :class:`~rlinf_embodied.elastic.offload.OffloadPlanner` from measured throughput.
+
+Resumable shards (``collect(..., initial_state=...)``): each call gets the shard's state and may
+return ``{"partial": new_state}`` after a piece of the work; the same worker is handed the next
+piece at once, and a worker lost mid-piece has its shard re-queued with the last reported state,
+so at most one piece of work is lost (the reasoning workflow's token-level migration).
 """
 
 from __future__ import annotations
@@ -103,9 +108,11 @@ class ElasticRolloutPool:
     """
 
     def __init__(self, cfg: JobConfig, spec: dict, store_name: str, actor_ranks: int = 1,
-                 node_provider: Optional[NodeProvider] = None) -> None:
-        e = cfg.elastic
-        shards = e.num_shards_for(cfg.env.num_envs, actor_ranks)
+                 node_provider: Optional[NodeProvider] = None, *, elastic=None,
+                 num_shards: Optional[int] = None, worker_cls=None,
+                 init_args: Optional[tuple] = None) -> None:
+        e = elastic if elastic is not None else cfg.elastic
+        shards = num_shards if num_shards is not None else e.num_shards_for(cfg.env.num_envs, actor_ranks)
         if shards is None:
             raise ConfigError(
                 f"Set elastic.shard_envs to a divisor of env.num_envs / actor ranks = "
@@ -114,7 +121,10 @@ class ElasticRolloutPool:
             raise ConfigError("elastic.preemption.target=node needs a node provider (e.g. "
                               "rlinf_embodied.elastic.LocalMultiNodeCluster); use target=worker.")
         self.cfg, self.e, self.spec, self.store_name = cfg, e, spec, store_name
-        self.num_shards, self.shard_envs = shards, cfg.env.num_envs // shards
+        self.num_shards = shards
+        self.shard_envs = cfg.env.num_envs // shards if num_shards is None else 0
+        self.worker_cls = worker_cls or ElasticRolloutWorker
+        self.init_args = init_args if init_args is not None else (cfg, spec, store_name, self.shard_envs)
         self.actor_ranks = actor_ranks
         self.provider = node_provider
         self.planner = OffloadPlanner(e.throughput_ema)
@@ -177,9 +187,9 @@ class ElasticRolloutPool:
         device = Device(-1, node["NodeID"], node["NodeManagerAddress"], GPU if gpus else CPU,
                         index_on_node % gpus if gpus else 0)
         name = f"elastic-{kind[0]}{next(self._serial)}"
-        args = (self.cfg, self.spec, self.store_name, self.shard_envs, kind)
+        args = (*self.init_args, kind)
         fut = self._pool.submit(
-            WorkerGroup, _OneDevice(device), ElasticRolloutWorker, name, [0], init_args=args,
+            WorkerGroup, _OneDevice(device), self.worker_cls, name, [0], init_args=args,
             torch_threads=self.e.torch_threads, startup_timeout=self.e.join_timeout_s)
         self._joining.append((name, kind, node["NodeID"], time.monotonic(), fut))
 
@@ -264,8 +274,17 @@ class ElasticRolloutPool:
         self.events.append({"event": what, "t": round(time.monotonic() - self._t0, 4), **kw})
 
     # -- one iteration ----------------------------------------------------------------------
-    def collect(self, iteration: int, version: int) -> RolloutResult:
+    def collect(self, iteration: int, version: int,
+                initial_state: Optional[Dict[int, Any]] = None) -> RolloutResult:
         """Run every shard of ``iteration`` with weights ``version`` on whoever is alive.
+
+        Args:
+            iteration: the iteration (seeds the shards).
+            version: weights version the workers must hold.
+            initial_state: resumable shards: shard id -> its starting state, passed as the
+                call's fourth argument ``run_shard(iteration, shard, version, state)``; a call
+                returning ``{"partial": state}`` made progress without finishing. None: one call
+                per shard, ``run_shard(iteration, shard, version)``.
 
         Raises:
             RuntimeError: if a shard failed ``elastic.max_attempts`` times, or no worker is
@@ -283,6 +302,8 @@ class ElasticRolloutPool:
         done: Dict[int, dict] = {}
         placed: Dict[int, dict] = {}
         attempts: collections.Counter = collections.Counter()
+        calls: collections.Counter = collections.Counter()
+        state = dict(initial_state) if initial_state is not None else None
         seconds = {RESERVED: [], PREEMPTIBLE: []}
         live = lambda: [m for m in self.members if not m.doomed]  # noqa: E731
         planned = self.planner.planned_share(sum(m.kind == RESERVED for m in live()),
@@ -315,10 +336,25 @@ class ElasticRolloutPool:
                 if finished:
                     res = m.handle.wait()[0]
                     dt = now - m.started
+                    if state is not None and "partial" in res and m.shard not in done:
+                        state[m.shard] = res["partial"]
+                        calls[m.shard] += 1
+                        changed = True
+                        if m.doomed:  # killed as the piece finished: the progress is kept
+                            queue.appendleft(m.shard)
+                            m.shard = m.handle = None
+                            self._lost(m, queue, done)
+                            continue
+                        # the same worker goes on at once
+                        m.handle = m.group.run_shard(iteration, m.shard, version, state[m.shard])
+                        dispatch = self._armed(m, dispatch, now)
+                        continue
                     if m.shard not in done:
                         done[m.shard] = res
+                        calls[m.shard] += 1
                         placed[m.shard] = {"shard": m.shard, "worker": m.name, "kind": m.kind,
-                                           "attempts": attempts[m.shard], "seconds": round(dt, 4),
+                                           "attempts": attempts[m.shard], "calls": calls[m.shard],
+                                           "seconds": round(dt, 4),
                                            "t_done": round(now - self._t0, 4)}
                         seconds[m.kind].append(dt)
                     m.first_done_at = m.first_done_at or now
@@ -339,11 +375,9 @@ class ElasticRolloutPool:
                 shard = queue.popleft()
                 attempts[shard] += 1
                 m.shard, m.started = shard, now
-                m.handle = m.group.run_shard(iteration, shard, version)
-                if m.kind == PREEMPTIBLE:
-                    if self.sim.on_dispatch(dispatch):
-                        m.kill_at = now + self.e.preemption.kill_delay_s
-                    dispatch += 1
+                extra = () if state is None else (state[shard],)
+                m.handle = m.group.run_shard(iteration, shard, version, *extra)
+                dispatch = self._armed(m, dispatch, now)
                 changed = True
             if changed:
                 stalled_since = None
@@ -360,6 +394,15 @@ class ElasticRolloutPool:
             self.planner.observe(kind, s)
         return self._result(iteration, done, placed, planned, first_event, time.monotonic() - t_start)
 
+    def _armed(self, m: _Member, dispatch: int, now: float) -> int:
+        """Count a request sent to ``m`` (preemptible ones only) and arm the simulator's kill
+        if it picks this one; returns the new preemptible request count."""
+        if m.kind != PREEMPTIBLE:
+            return dispatch
+        if self.sim.on_dispatch(dispatch):
+            m.kill_at = now + self.e.preemption.kill_delay_s
+        return dispatch + 1
+
     def _result(self, iteration, done, placed, planned, first_event, wall) -> RolloutResult:
         order = range(self.num_shards)
         per_rank = self.num_shards // self.actor_ranks
@@ -367,7 +410,7 @@ class ElasticRolloutPool:
                  for a in range(self.actor_ranks)]
         events = self.events[first_event:]
         reserved = sum(p["kind"] == RESERVED for p in placed.values())
-        episodes = [ep for s in order for ep in done[s]["episodes"]]
+        episodes = [ep for s in order for ep in done[s].get("episodes", [])]
         record = {"iteration": iteration, "num_shards": self.num_shards,
                   "shards": [placed[s] for s in order], "episodes": episodes, "events": events}
         metrics = {

@@ -15,7 +15,7 @@ import torch
 
 from rlinf_embodied.reasoning.backends import Generation, GenerationBackend
 
-__all__ = ["HFBackend", "response_logprobs"]
+__all__ = ["HFBackend", "position_seed", "response_logprobs"]
 
 
 def response_logprobs(model, sequences: List[List[int]], prompt_lens: List[int], pad_id: int,
@@ -51,6 +51,13 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
     return out / out.sum(-1, keepdim=True)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """Seed of the sampling generator for response token ``position`` (0-based) of a response
+    whose own seed is ``seed``: a pure function of both, so a response continued from its first
+    ``position`` tokens on any worker draws the same next token as one that never stopped."""
+    return (int(seed) * 1_000_003 + int(position) * 7_919 + 1) % (2**63 - 1)
 
 
 class HFBackend(GenerationBackend):
@@ -188,3 +195,66 @@ class HFBackend(GenerationBackend):
                                 position_ids=next_pos, use_cache=True,
                                 **{self._cache_kw: cache}).logits[:, -1].float()
             next_pos = next_pos + 1
+
+    @torch.no_grad()
+    def continue_response(self, prompt_ids: List[int], prefix_ids: List[int], *, num_tokens: int,
+                          max_new_tokens: int, temperature: float, top_p: float, seed: int,
+                          greedy: bool = False):
+        """Generate up to ``num_tokens`` more tokens of one response, continuing ``prefix_ids``.
+
+        Batch-invariant and resumable: the response decodes alone (batch of 1, no padding;
+        prompt + prefix in one prefill forward) and token t is drawn with a generator seeded
+        by :func:`position_seed` ``(seed, t)``. Continuing a response in pieces of any sizes on
+        any process with the same weights, dtype and thread count therefore gives the same
+        tokens and bit-identical log-probs, provided every piece starts at the same positions
+        (a piece boundary changes the prefill, which changes the last bits of the logits).
+
+        Args:
+            prompt_ids: the prompt's P token ids.
+            prefix_ids: the R0 response tokens generated so far (may be empty; must not end with
+                EOS, and R0 < ``max_new_tokens``).
+            num_tokens: most tokens to generate now (>= 1).
+            max_new_tokens: response length limit R_max.
+            temperature, top_p, greedy: as :meth:`generate`.
+            seed: the response's own sampling seed.
+
+        Returns:
+            ``(new_ids, new_logprobs, finish_reason)``: the new tokens, their temperature-1
+            log-probs (floats), and ``"stop"`` / ``"length"`` if the response ended, else None.
+
+        Raises:
+            ValueError: if the prefix is already finished or ``num_tokens < 1``.
+        """
+        from transformers import DynamicCache
+
+        r0 = len(prefix_ids)
+        if num_tokens < 1 or r0 >= max_new_tokens or (prefix_ids and prefix_ids[-1] in self.eos_ids):
+            raise ValueError(f"nothing to continue: num_tokens={num_tokens}, prefix of {r0} tokens "
+                             f"(max_new_tokens={max_new_tokens}); only pass unfinished responses.")
+        dev = self.device
+        ids = torch.tensor([list(prompt_ids) + list(prefix_ids)], dtype=torch.long, device=dev)
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, use_cache=True,
+                            **{self._cache_kw: cache}).logits[:, -1].float()
+        pos = ids.shape[1]
+        new, lps = [], []
+        for t in range(r0, min(max_new_tokens, r0 + num_tokens)):
+            logp = torch.log_softmax(logits, -1)
+            if greedy:
+                tok = logits.argmax(-1)
+            else:
+                gen = torch.Generator(device=dev).manual_seed(position_seed(seed, t))
+                probs = _nucleus(torch.softmax(logits / temperature, -1), top_p)
+                tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            new.append(int(tok))
+            lps.append(float(logp[0, new[-1]]))
+            if new[-1] in self.eos_ids:
+                return new, lps, "stop"
+            if t == max_new_tokens - 1:
+                return new, lps, "length"
+            if t + 1 < r0 + num_tokens:
+                logits = self.model(input_ids=tok[:, None],
+                                    position_ids=torch.tensor([[pos]], device=dev), use_cache=True,
+                                    **{self._cache_kw: cache}).logits[:, -1].float()
+                pos += 1
+        return new, lps, None

@@ -64,6 +64,10 @@ class ReasoningRolloutWorker(Worker):
     def backend_name(self) -> str:
         return self.backend.name
 
+    def responses_channel(self) -> str:
+        """Name of the channel this rank sends its responses on (elastic rollout feeds it too)."""
+        return self.responses_name
+
     def info(self) -> Dict[str, object]:
         """Backend name and loaded weight version."""
         return {"backend": self.backend.name, "version": self.backend.version}

@@ -1,9 +1,11 @@
 """Real multi-node Ray on this machine (a head raylet + a second raylet with its own resources):
 placement across nodes, and losing a node in the middle of a rollout.
 
-The scenarios run in a fresh process (tests/runtime/multinode_scenarios.py) with their own
-cluster, so the session's shared Ray (tests/conftest.py) is never touched. Slow: two raylets and
-three short runs of the main job (about 6 minutes on a loaded 2-core machine).
+The scenarios run in a fresh process with their own cluster, so the session's shared Ray
+(tests/conftest.py) is never touched. The main-job scenarios (tests/runtime/multinode_scenarios.py)
+are slow: two raylets and three short runs of the main job (about 6 minutes on a loaded 2-core
+machine). The default-suite one (tests/elastic/multinode_resume_scenario.py, about 35 s) kills
+the second node under a resumable shard and checks where each piece ran.
 """
 
 import collections
@@ -17,7 +19,34 @@ import pytest
 from rlinf_embodied.elastic.multinode import LocalMultiNodeCluster  # noqa: F401 - importable
 
 SCRIPT = Path(__file__).with_name("multinode_scenarios.py")
-pytestmark = pytest.mark.slow
+RESUME = Path(__file__).parents[1] / "elastic" / "multinode_resume_scenario.py"
+
+
+def test_node_loss_mid_shard_resumes_from_the_last_reported_state_on_the_head():
+    proc = subprocess.run([sys.executable, str(RESUME)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    head, second, piece, steps = out["head"], out["second"], out["piece"], out["steps"]
+    assert head != second and out["killed_nodes"] == [second]
+    assert len(out["live_worker_nodes"]) == 1 and out["live_worker_nodes"] != [second]  # it came back
+    it0, it1 = out["iterations"]
+    for it in (it0, it1):
+        assert it["results"] == it["expected"]  # every shard once, exact
+        for log in it["logs"]:  # each reported piece once, in order: no position re-run
+            assert [p for _, p in log] == list(range(0, steps, piece))
+    assert it0["metrics"]["elastic/preemptions"] == 1.0
+    # the killed worker's shard: its first pieces on the second node, then the head went on
+    # from the last reported position (not from 0)
+    moved = [log for log in it0["logs"] if {n for n, _ in log} == {second, head}]
+    assert len(moved) == 1
+    nodes = [n for n, _ in moved[0]]
+    cut = nodes.index(head)
+    assert cut >= 1 and set(nodes[:cut]) == {second} and set(nodes[cut:]) == {head}
+    new = out["live_worker_nodes"][0]  # the returned node (may join within iteration 0)
+    assert {n for log in it0["logs"] for n, _ in log} <= {head, second, new}
+    # iteration 1: the returned node's new worker served shards again (placement across nodes)
+    assert {n for log in it1["logs"] for n, _ in log} == {head, new}
+    assert it1["metrics"]["elastic/workers_preemptible"] == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +58,7 @@ def scenarios(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_main_job_trains_with_env_workers_on_the_second_node(scenarios):
     p = scenarios["placed"]
     assert p["env_nodes"] == [scenarios["second"]]
@@ -42,6 +72,7 @@ def _episode_keys(record):
     return [(e["env"], e["ordinal"]) for e in record["episodes"]]
 
 
+@pytest.mark.slow
 def test_killing_the_node_mid_rollout_loses_and_duplicates_nothing(scenarios):
     killed, clean = scenarios["elastic"]["killed"], scenarios["elastic"]["clean"]
     assert killed["iterations"] == clean["iterations"] == 2
