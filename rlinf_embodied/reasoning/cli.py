@@ -55,7 +55,12 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
         from rlinf_embodied.runners.reasoning import ReasoningRunner
 
         print(f"run directory: {run_dir}")
-        runner = ReasoningRunner(cfg, run_dir)
+        if cfg.elastic.enabled:  # rollout on reserved + preemptible workers (elastic/reasoning.py)
+            from rlinf_embodied.elastic.reasoning import ElasticReasoningRunner
+
+            runner = ElasticReasoningRunner(cfg, run_dir)
+        else:
+            runner = ReasoningRunner(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback

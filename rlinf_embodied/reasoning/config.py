@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rlinf_embodied.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
+from rlinf_embodied.elastic.config import ElasticConfig
 
 __all__ = [
     "is_reasoning_job",
@@ -259,6 +260,9 @@ class ReasoningJobConfig:
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     trainer: ReasoningTrainerConfig = field(default_factory=ReasoningTrainerConfig)
     eval: ReasoningEvalConfig = field(default_factory=ReasoningEvalConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic rollout on reserved + preemptible workers (``elastic.enabled``; responses of a
+    preempted worker continue from their partial tokens, rlinf_embodied/elastic/reasoning.py)."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self):

@@ -77,3 +77,14 @@ def test_preempted_responses_continue_and_training_matches_clean_run(ray_session
         assert torch.equal(w_p[k], w_c[k]), k
     init = load_file(str(tmp_path / "clean" / "tiny_model" / "model.safetensors"))
     assert any(not torch.equal(init[k], w_c[k]) for k in init)  # the runs trained
+
+
+def test_reasoning_job_files_take_an_elastic_block():
+    """``elastic:`` in a reasoning YAML reaches the runner the CLI picks (``elastic.enabled``)."""
+    cfg = load_config("configs/reasoning_grpo_tiny.yaml",
+                      ["elastic.enabled=true", "elastic.preemptible_workers=2", "elastic.chunk_tokens=3"],
+                      schema=ReasoningJobConfig)
+    assert cfg.elastic.enabled and cfg.elastic.preemptible_workers == 2 and cfg.elastic.chunk_tokens == 3
+    assert not load_config("configs/reasoning_grpo_tiny.yaml", [], schema=ReasoningJobConfig).elastic.enabled
+    with pytest.raises(Exception, match="chunk_tok"):
+        load_config("configs/reasoning_grpo_tiny.yaml", ["elastic.chunk_tokenz=3"], schema=ReasoningJobConfig)
