@@ -34,6 +34,20 @@ class ManiSkillEnvConfig(EnvConfig):
     task_description: Optional[str] = None
     """Language instruction; None uses the per-task table."""
 
+    def check_available(self) -> None:
+        """``env_id`` is a registered ManiSkill3 env.
+
+        Raises:
+            ConfigError: for an unknown id (with the closest registered ones).
+        """
+        import mani_skill.envs  # noqa: F401 - registers the ManiSkill envs with gymnasium
+
+        from rlinf_embodied.config import check_registered_env_id
+
+        check_registered_env_id(
+            self.env_id, "ManiSkill3",
+            "python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
+
     def __post_init__(self):
         super().__post_init__()
         if self.sensor_size < 1:

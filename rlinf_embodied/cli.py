@@ -77,12 +77,32 @@ def config_show(
     from rlinf_embodied.runners.setup import validate_job
 
     try:
-        cfg = load_job_config(config, overrides or [])
+        if _is_sft_pipeline(config):  # `sft-rl` / `demos` / `sft` YAMLs (configs/sft/)
+            from rlinf_embodied.sft.pipeline import load_sft_config
+
+            cfg = load_sft_config(config, overrides or [])
+        else:
+            cfg = load_job_config(config, overrides or [])
         if isinstance(cfg, JobConfig):
             validate_job(cfg)  # the same checks as `train`
     except ConfigError as e:
         _fail(str(e))
     typer.echo(to_yaml(cfg), nl=False)
+
+
+def _is_sft_pipeline(path: str) -> bool:
+    """True for an SFT pipeline YAML (a top-level ``demos`` or ``bc`` section)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from rlinf_embodied.config import shipped_config
+
+    p = Path(path)
+    p = p if p.is_file() else shipped_config(p)
+    try:
+        raw = OmegaConf.load(p) if p is not None else None
+    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
+        return False
+    return isinstance(raw, DictConfig) and ("demos" in raw or "bc" in raw)
 
 
 @app.command()
@@ -171,7 +191,9 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     cfg = load_config(run_dir / "config.yaml", overrides)
     if config:
         given = load_config(config, overrides)
-        skip = ("run.",) + (("trainer.pipeline_stages",) if given.placement == "auto" else ())
+        # where the run lives may differ; what it does (run.seed included) may not
+        skip = ("run.name", "run.output_dir", "run.dir") + (
+            ("trainer.pipeline_stages",) if given.placement == "auto" else ())
         diff = _config_diff(given, cfg, skip)
         if diff:
             raise ConfigError(

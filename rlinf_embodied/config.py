@@ -32,6 +32,7 @@ from rlinf_embodied.elastic.config import ElasticConfig
 
 __all__ = [
     "ConfigError",
+    "check_registered_env_id",
     "config_class",
     "config_types",
     "shipped_config",
@@ -169,6 +170,14 @@ class EnvConfig:
     """Write one MP4 per episode (off in training, on in evaluation); needs image observations."""
     video_dir: str = "videos"
     """Directory of the episode videos (the runner points it into the run directory)."""
+
+    def check_available(self) -> None:
+        """Checks that import the simulator (``train`` and ``config show`` run them before
+        anything starts; field checks stay in ``__post_init__``, which loads no simulator).
+
+        Raises:
+            ConfigError: naming the problem and the fix.
+        """
 
     def __post_init__(self):
         if self.num_envs < 1:
@@ -338,6 +347,11 @@ class TrainerConfig:
     max_grad_norm: float = 0.5
     pipeline_stages: int = 1
     """Env micro-batches pipelined against generation (paper section 3.3)."""
+    join_forwards: bool = False
+    """Rollout workers answer greedy and value-only requests that arrive together with one
+    forward. Fewer, larger forwards, but a joined float32 forward differs from separate ones in
+    the last bits and what arrives together depends on timing: runs stop being bitwise
+    reproducible. Sampling requests are always answered alone under their own seed."""
     eval_every: int = 10
     save_every: int = 10
     offload: bool = False
@@ -667,3 +681,22 @@ def as_dict(cfg: Any) -> Dict[str, Any]:
 
 
 _ = ListConfig  # re-exported type for annotations elsewhere
+
+
+def check_registered_env_id(env_id: str, family: str, registry_hint: str) -> None:
+    """Raise if ``env_id`` is not in gymnasium's registry (after the caller imported the
+    simulator that registers its envs), suggesting the closest registered ids.
+
+    Raises:
+        ConfigError: for an unregistered id.
+    """
+    import difflib
+
+    import gymnasium as gym
+
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"env.env_id={env_id!r} is not a registered {family} env.{hint} "
+                      f"List them with: {registry_hint}")

@@ -34,6 +34,16 @@ def test_config_show_errors_are_clear(tmp_path):
     p.write_text("algorithm:\n  gama: 0.9\n")
     r = runner.invoke(app, ["config", "show", str(p)])
     assert r.exit_code == 2 and "gamma" in r.output
+    # an env id the simulator does not know fails here, not after Ray started (train runs the
+    # same validate_job)
+    r = runner.invoke(app, ["config", "show", "configs/maniskill_pushcube_ppo_mlp.yaml", "env.env_id=PushCub-v1"])
+    assert r.exit_code == 2 and "not a registered ManiSkill3 env" in r.output and "'PushCube-v1'" in r.output
+
+
+def test_config_show_reads_sft_pipeline_files():
+    r = runner.invoke(app, ["config", "show", "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "bc.steps=17"])
+    assert r.exit_code == 0, r.output
+    assert "demos:" in r.stdout and "steps: 17" in r.stdout
 
 
 def test_doctor_json_reports_every_check():
@@ -145,6 +155,14 @@ def test_resume_with_another_config_is_an_error(tmp_path):
     other = str(ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml")
     r = runner.invoke(app, ["train", other, "--resume", str(run)])
     assert r.exit_code == 2 and "is not the config of run" in r.output and "env.type" in r.output
+    # another seed is another experiment: listed too
+    from omegaconf import OmegaConf
+
+    reseeded = OmegaConf.load(JOB)
+    reseeded.run.seed = int(OmegaConf.select(reseeded, "run.seed", default=0)) + 1
+    OmegaConf.save(reseeded, tmp_path / "reseeded.yaml")
+    r = runner.invoke(app, ["train", str(tmp_path / "reseeded.yaml"), "--resume", str(run)])
+    assert r.exit_code == 2 and "run.seed" in r.output, r.output
     # the run's own config file is accepted (and the finished run reported)
     r = runner.invoke(app, ["train", JOB, "--resume", str(run)])
     assert r.exit_code == 0 and "has finished" in r.output, r.output

@@ -40,13 +40,14 @@ def group_ranks(plan, num_devices: int) -> dict:
 
 def validate_job(cfg: JobConfig) -> None:
     """Checks that need no cluster, run before anything is started or written (``train`` and
-    ``config show`` both run them): no KL coefficient (there is no reference policy), wandb
+    ``config show`` both run them): the env exists (``env.check_available()``), no KL coefficient (there is no reference policy), wandb
     importable when enabled, the placement exists and parses, and the env sharding and the
     minibatch count fit it when every group's devices are explicit.
 
     Raises:
         ConfigError: naming the problem and the fix.
     """
+    cfg.env.check_available()
     if cfg.algorithm.kl_coef != 0.0:
         raise ConfigError(
             f"algorithm.kl_coef={cfg.algorithm.kl_coef}: training keeps no reference policy to "
@@ -176,7 +177,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
         cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
     spec = env.on([0]).space_spec().wait()[0]
     rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker,
-                                    init_args=(cfg, spec, names, ranks["env"]))
+                                    init_args=(cfg, spec, names, ranks["env"], cfg.trainer.join_forwards))
     per_env_rank = cfg.env.num_envs // ranks["env"]
     streams = [0] * ranks["actor"]
     for r in range(ranks["env"]):

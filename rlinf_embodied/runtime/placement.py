@@ -6,6 +6,7 @@ hybrid (anything in between) are three YAML files over one runner::
 
     placement:
       context_switch: true
+      offload: true          # move state off the devices at each switch (false: stay resident)
       groups:
         env:     {devices: "0"}
         rollout: {devices: "1-"}
@@ -47,6 +48,10 @@ class PlacementPlan:
     context_switch: bool = True
     """Let groups share devices by taking turns (device lock with onload/offload). Turn it off
     only when every group has devices of its own; sharing then fails validation."""
+    offload: bool = True
+    """With ``context_switch``: move a group's state off the devices at every switch (RLinf's
+    context switching, for jobs that do not fit at once). False keeps every group resident and
+    only takes turns (the scheduler picks it when the plan fits in device memory)."""
 
     # ---- parsing ---------------------------------------------------------------------------
 
@@ -67,7 +72,8 @@ class PlacementPlan:
             if "devices" in spec:
                 spec["devices"] = _devices_to_str(spec["devices"])
             groups[str(name)] = GroupPlacement(**spec)
-        return cls(groups=groups, context_switch=bool(data.get("context_switch", True)))
+        return cls(groups=groups, context_switch=bool(data.get("context_switch", True)),
+                   offload=bool(data.get("offload", True)))
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "PlacementPlan":
@@ -147,7 +153,7 @@ class PlacementPlan:
             PlacementError: If the plan is invalid (see :meth:`validate`).
         """
         self.validate(num_devices)
-        switching = "on" if self.context_switch else "off"
+        switching = ("on" + ("" if self.offload else ", state stays resident")) if self.context_switch else "off"
         lines = [
             f"placement: {self.mode(num_devices)} over {num_devices} devices, "
             f"context switching {switching}"

@@ -23,6 +23,7 @@ makes readers stop reading while the consumer's inbox is full, which backs the p
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import io
@@ -341,11 +342,12 @@ class Endpoint:
 
     def _read(self, conn: socket.socket) -> None:
         channel, instance = "?", None
+        stream = _StreamReader(conn)
         try:
-            (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-            channel, instance = pickle.loads(_recv_exact(conn, n))
+            (n,) = _HELLO.unpack(stream.read(_HELLO.size))
+            channel, instance = pickle.loads(stream.read(n))
             while True:
-                key, item = self._read_message(conn)
+                key, item = stream.message()
                 self.deliver(instance, key, item)
         except (ConnectionError, EOFError, OSError):
             pass  # the producer closed the connection or exited
@@ -358,20 +360,84 @@ class Endpoint:
                         f"in the consumer.")
                     self._cond.notify_all()
         finally:
-            conn.close()
+            stream.close()
 
-    @staticmethod
-    def _read_message(conn: socket.socket) -> Any:
+
+class _StreamReader:
+    """Buffered reading of one connection: a small message arrives in one ``recvmsg`` (one
+    system call, not one per header, buffer descriptor and buffer); buffers of at least
+    ``DIRECT_BYTES`` are received straight into their destination. File descriptors passed
+    along (``SCM_RIGHTS``, the shared-memory buffers) are kept in arrival order: a message's
+    descriptors ride with its first byte, so they are always in hand when its header is."""
+
+    CHUNK = 256 * 1024
+    DIRECT_BYTES = 64 * 1024
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = bytearray(self.CHUNK)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+        self.fds: collections.deque[int] = collections.deque()
+        self._anc = socket.CMSG_SPACE(MAX_FDS * 4)
+
+    def _fill(self) -> None:
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif self.end == len(self.buf):
+            left = self.end - self.start
+            self.view[:left] = self.view[self.start:self.end]
+            self.start, self.end = 0, left
+        got, anc, _, _ = self.conn.recvmsg_into([self.view[self.end:]], self._anc)
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self.fds.extend(fds)
+        if not got:
+            raise EOFError("connection closed")
+        self.end += got
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes of the stream."""
+        if n > self.CHUNK:
+            return self._read_large(n)
+        while self.end - self.start < n:
+            self._fill()
+        out = bytes(self.view[self.start:self.start + n])
+        self.start += n
+        return out
+
+    def read_into(self, dest: memoryview) -> None:
+        """Fill ``dest`` with the next ``len(dest)`` bytes of the stream."""
+        have = min(len(dest), self.end - self.start)
+        dest[:have] = self.view[self.start:self.start + have]
+        self.start += have
+        dest = dest[have:]
+        if len(dest) >= self.DIRECT_BYTES:  # big: no detour through the buffer
+            _recv_into(self.conn, dest)
+            return
+        while len(dest):
+            self._fill()
+            have = min(len(dest), self.end - self.start)
+            dest[:have] = self.view[self.start:self.start + have]
+            self.start += have
+            dest = dest[have:]
+
+    def message(self) -> Any:
+        """The next (key, item) of the stream."""
         import numpy as np
 
-        head, fds = _recv_with_fds(conn, _HEADER.size)
-        nbuf, meta_len = _HEADER.unpack(head)
-        descs = [_BUFFER.unpack(_recv_exact(conn, _BUFFER.size)) for _ in range(nbuf)]
-        meta = _recv_exact(conn, meta_len)
-        buffers, fds = [], list(fds)
-        for n, kind in descs:
+        nbuf, meta_len = _HEADER.unpack(self.read(_HEADER.size))
+        descs = self.read(nbuf * _BUFFER.size)
+        meta = self.read(meta_len)
+        buffers = []
+        for i in range(nbuf):
+            n, kind = _BUFFER.unpack_from(descs, i * _BUFFER.size)
             if kind == 1:
-                fd = fds.pop(0)
+                while not self.fds:  # cannot happen: the descriptors came with the header
+                    self._fill()
+                fd = self.fds.popleft()
                 try:
                     mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 finally:
@@ -379,15 +445,19 @@ class Endpoint:
                 buffers.append(np.frombuffer(mm, dtype=np.uint8))
             else:
                 buf = np.empty(n, dtype=np.uint8)
-                _recv_into(conn, memoryview(buf))
+                self.read_into(memoryview(buf))
                 buffers.append(buf)
         return decode(meta, buffers)
 
+    def _read_large(self, n: int) -> bytes:
+        out = bytearray(n)
+        self.read_into(memoryview(out))
+        return bytes(out)
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    _recv_into(conn, memoryview(buf))
-    return bytes(buf)
+    def close(self) -> None:
+        while self.fds:
+            os.close(self.fds.popleft())
+        self.conn.close()
 
 
 def _recv_into(conn: socket.socket, view: memoryview) -> None:
@@ -396,17 +466,6 @@ def _recv_into(conn: socket.socket, view: memoryview) -> None:
         if not got:
             raise EOFError("connection closed")
         view = view[got:]
-
-
-def _recv_with_fds(conn: socket.socket, n: int) -> tuple[bytes, list[int]]:
-    data, fds = b"", []
-    while len(data) < n:
-        chunk, new_fds, _, _ = socket.recv_fds(conn, n - len(data), MAX_FDS)
-        if not chunk:
-            raise EOFError("connection closed")
-        data += chunk
-        fds.extend(new_fds)
-    return data, fds
 
 
 _endpoint: list[Endpoint] = []

@@ -92,6 +92,7 @@ class WorkerContext:
     devices: tuple[dev.Device, ...]
     context_switch: bool
     torch_threads: int
+    offload: bool = True
 
 
 class Worker:
@@ -139,6 +140,12 @@ class Worker:
         """torch device string of the worker's first device (``"cuda:0"`` or ``"cpu"``)."""
         return dev.torch_device(self._ctx.devices)
 
+    @property
+    def offloads(self) -> bool:
+        """Whether a context switch moves this worker's state off its devices (placement
+        ``offload``, default true); false keeps it resident and only takes turns."""
+        return self._ctx.context_switch and self._ctx.offload
+
     def onload(self) -> None:
         """Move state (weights, optimizer, caches) onto the device. Default: nothing."""
 
@@ -154,7 +161,10 @@ class Worker:
         The release reports the channels this process put into inside the block, so waiters
         that consume them go next (paper section 3.3). When the group does not context-switch
         (its devices are its own), no lock is taken: the first use calls ``onload()`` once and
-        the state stays on the device. Nested uses are pass-through.
+        the state stays on the device. With placement ``offload: false`` the lock is taken but
+        the state stays on the device too (``onload()`` once, no ``offload()``): the planner
+        chooses that when every group fits in device memory at once. Nested uses are
+        pass-through.
 
         Args:
             consumes: Names of the channels the block reads.
@@ -184,13 +194,17 @@ class Worker:
         self._holding_lock = True
         t1 = None
         try:
-            self.onload()
+            if self.offloads or not self._loaded:
+                self.onload()
+                self._loaded = True
             self._switch_s += time.perf_counter() - t0
             try:
                 yield
             finally:
                 t1 = time.perf_counter()
-                self.offload()
+                if self.offloads:
+                    self.offload()
+                    self._loaded = False
         finally:
             self._holding_lock = False
             flush_puts()  # the consumer that gets the devices next finds the data in place
@@ -441,6 +455,8 @@ class WorkerGroup:
         init_kwargs: Keyword arguments of ``worker_cls.__init__``.
         context_switch: Make ``Worker.device_lock()`` take the shared device lock (set it when
             other groups share these devices; :meth:`from_plan` does).
+        offload: With ``context_switch``, call ``offload()`` / ``onload()`` at every switch
+            (default); False keeps the state on the device and only takes turns.
         torch_threads: CPU threads per worker process; None divides the node's CPUs among this
             group's ranks on that node (groups sharing devices take turns, so they do not
             oversubscribe).
@@ -463,6 +479,7 @@ class WorkerGroup:
         init_args: tuple = (),
         init_kwargs: dict | None = None,
         context_switch: bool = False,
+        offload: bool = True,
         torch_threads: int | None = None,
         startup_timeout: float = 300.0,
     ) -> None:
@@ -483,7 +500,8 @@ class WorkerGroup:
             DeviceLock.connect()  # created here so the driver owns the service
         blob = cloudpickle.dumps(worker_cls)
         self._hosts = [
-            self._start_rank(cluster, rank, blob, init_args, init_kwargs or {}, context_switch, torch_threads)
+            self._start_rank(cluster, rank, blob, init_args, init_kwargs or {}, context_switch,
+                             torch_threads, offload)
             for rank in range(self.world_size)
         ]
         try:
@@ -510,16 +528,17 @@ class WorkerGroup:
             spec.devices,
             spec.procs_per_device,
             context_switch=plan.shares_devices(name, cluster.num_devices),
+            offload=plan.offload,
             **kwargs,
         )
 
-    def _start_rank(self, cluster, rank, blob, args, kwargs, context_switch, torch_threads):
+    def _start_rank(self, cluster, rank, blob, args, kwargs, context_switch, torch_threads, offload=True):
         devices = self.rank_devices[rank]
         node_id = devices[0].node_id
         if torch_threads is None:
             same_node = sum(d[0].node_id == node_id for d in self.rank_devices)
             torch_threads = max(1, cluster.node_cpus(node_id) // same_node)
-        ctx = WorkerContext(self.name, rank, self.world_size, devices, context_switch, torch_threads)
+        ctx = WorkerContext(self.name, rank, self.world_size, devices, context_switch, torch_threads, offload)
         env = dev.visibility_env(devices)
         return _HostActor.options(
             num_cpus=0,  # devices, not Ray's CPU count, decide placement

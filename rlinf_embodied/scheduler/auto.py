@@ -98,7 +98,7 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
 
     Args:
         cfg: A ``JobConfig`` (``env.num_envs``, ``trainer.rollout_steps``,
-            ``trainer.update_epochs``, ``policy.action_chunk``).
+            ``trainer.update_epochs``, ``trainer.num_minibatches``, ``policy.action_chunk``).
     """
     obs, reply, sample = _message_bytes(cfg)
     obs_t, reply_t, sample_t = _message_tensors(cfg)
@@ -106,6 +106,7 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
         num_envs=cfg.env.num_envs,
         rollout_steps=cfg.trainer.rollout_steps,
         update_epochs=cfg.trainer.update_epochs,
+        num_minibatches=cfg.trainer.num_minibatches,
         obs_bytes=obs,
         action_bytes=reply,
         sample_bytes=sample,
@@ -173,7 +174,8 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
     per member. The actor is data-parallel over its ranks with the micro-batch of
     ``trainer.micro_batch_size`` (else one minibatch per rank), after the cycle on shared
     devices (temporal; offloaded when the placement context-switches) or on its own devices
-    (spatial, one chunk: it trains once the rollout is complete).
+    (spatial, one chunk: it trains once the rollout is complete). Shared devices pay the
+    offload/onload of every switch unless the placement says ``offload: false``.
 
     Args:
         cfg: The ``JobConfig``.
@@ -196,7 +198,7 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
     batch = t.micro_batch_size or max(1, per_rank // max(1, t.num_minibatches))
     leaf = Leaf(actor, ranks["actor"], batch)
     if set(ids["actor"]) & (set(ids["env"]) | set(ids["rollout"])):
-        return Temporal(cyc, leaf, bool(placement.context_switch))
+        return Temporal(cyc, leaf, bool(placement.context_switch and placement.offload))
     return Spatial(cyc, leaf, 1)
 
 

@@ -8,7 +8,7 @@ from rlinf_embodied.scheduler.auto import (
     plan_for_placement,
     profile_for_config,
 )
-from rlinf_embodied.scheduler.cost_model import CostModel, describe
+from rlinf_embodied.scheduler.cost_model import CostModel, Temporal, describe
 from rlinf_embodied.scheduler.planner import report_json, report_text
 
 __all__ = ["plan_command"]
@@ -65,7 +65,7 @@ def plan_command(
     workload = {
         "num_envs": cfg.env.num_envs,
         "rollout_steps": cfg.trainer.rollout_steps,
-        "actor_samples": g.node("actor").items,
+        "actor_samples": g.node("actor").items * g.node("actor").rounds,
     }
     configured = _configured(cfg, n, profile)
     if as_json:
@@ -79,7 +79,8 @@ def plan_command(
     if configured is not None:
         header.append(
             f"Configured: placement={configured['placement']} {configured['predicted_iteration_s']:.4f} s "
-            f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages})"
+            f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages}"
+            + (", offload at every switch)" if configured["offload"] else ")")
         )
     return report_text(result, header)
 
@@ -102,5 +103,6 @@ def _configured(cfg, devices: int, profile) -> dict | None:
     return {
         "placement": cfg.placement,
         "plan": describe(plan),
+        "offload": isinstance(plan, Temporal) and plan.offload,
         "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9),
     }

@@ -206,6 +206,7 @@ def embodied_graph(
     num_envs: int,
     rollout_steps: int,
     update_epochs: int = 1,
+    num_minibatches: int = 1,
     obs_bytes: float = 0.0,
     action_bytes: float = 0.0,
     sample_bytes: float = 0.0,
@@ -216,12 +217,16 @@ def embodied_graph(
     """The embodied PPO/GRPO workflow of the paper (section 2.2, Figure 14 workloads).
 
     Each of the T rounds the rollout group forwards N observations and the env group steps N envs
-    (a cycle); then the actor trains on ``N * T * update_epochs`` samples.
+    (a cycle); then the actor trains on ``N * T * update_epochs`` samples in
+    ``update_epochs * num_minibatches`` optimizer steps of one minibatch each (the actor node's
+    rounds; its items are one minibatch, so no micro-batch is ever planned larger than the
+    minibatch an optimizer step sees).
 
     Args:
         num_envs: N, parallel environments per iteration.
         rollout_steps: T, policy queries per env per iteration.
         update_epochs: Passes of the actor over the iteration's samples.
+        num_minibatches: Optimizer steps per pass (``trainer.num_minibatches``).
         obs_bytes: Bytes of one observation (env -> rollout).
         action_bytes: Bytes of one action chunk (rollout -> env).
         sample_bytes: Bytes of one env step's training sample (rollout -> actor).
@@ -238,7 +243,8 @@ def embodied_graph(
         nodes=(
             Node("env", num_envs, rollout_steps),
             Node("rollout", num_envs, rollout_steps),
-            Node("actor", num_envs * rollout_steps * update_epochs, 1),
+            Node("actor", -(-num_envs * rollout_steps // max(1, num_minibatches)),
+                 update_epochs * max(1, num_minibatches)),
         ),
         edges=(
             Edge("rollout", "env", action_bytes, tensors=action_tensors),

@@ -124,17 +124,27 @@ class PlanResult:
 
 
 def placement_dict(plan: Plan) -> dict:
-    """``{context_switch, groups: {name: {devices: "lo-hi"}}}`` for ``plan``.
+    """``{context_switch, offload, groups: {name: {devices: "lo-hi"}}}`` for ``plan``.
 
     ``context_switch`` is true when two groups share a device (temporal or hybrid), so the
-    runtime must serialise them with its device lock (section 3.3).
+    runtime must serialise them with its device lock (section 3.3); ``offload`` is true when
+    the plan needs their state moved off the devices at each switch (it does not fit at once).
     """
     ranges = assign_devices(plan)
     groups = {
         name: {"devices": str(lo) if lo == hi else f"{lo}-{hi}"}
         for name, (lo, hi) in ((n, ranges[n]) for n in components_of(plan))
     }
-    return {"context_switch": plan_mode(plan) != "spatial", "groups": groups}
+    return {"context_switch": plan_mode(plan) != "spatial", "offload": _offloads(plan), "groups": groups}
+
+
+def _offloads(plan: Plan) -> bool:
+    """Whether any temporal node of ``plan`` moves state off the devices at its switches."""
+    if isinstance(plan, Temporal):
+        return plan.offload or _offloads(plan.left) or _offloads(plan.right)
+    if isinstance(plan, Spatial):
+        return _offloads(plan.left) or _offloads(plan.right)
+    return False
 
 
 def granularity(plan: Plan) -> dict:
@@ -390,6 +400,8 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
     lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     place = result.placement()
     lines.append(f"  context_switch: {str(place['context_switch']).lower()}")
+    if place["context_switch"]:
+        lines.append(f"  offload: {str(place['offload']).lower()}")
     for name, g in place["groups"].items():
         lines.append(f"  {name}: devices {g['devices']}")
     lines.append("")

@@ -78,3 +78,22 @@ def test_without_context_switch_onload_once_and_no_lock(cluster):
         assert lock.trace() == []
     finally:
         g.shutdown()
+
+
+def test_resident_context_switch_takes_turns_without_offloading(cluster):
+    """placement ``offload: false``: the lock still serialises the groups, state stays put."""
+    groups = {n: WorkerGroup(cluster, Phase, n, devices="0", context_switch=True, offload=False)
+              for n in ("first", "second")}
+    try:
+        lock = DeviceLock.connect()
+        lock.clear_trace()
+        for _ in range(2):
+            for g in groups.values():
+                g.work([]).wait(timeout=60)
+        assert groups["first"].work([]).wait(timeout=60) == [["onload", "work", "work", "work"]]
+        events = [(w, e) for _, d, w, e in lock.trace() if d == 0 and e in ("acquire", "release")]
+        assert events[:4] == [("first[0]", "acquire"), ("first[0]", "release"),
+                              ("second[0]", "acquire"), ("second[0]", "release")]
+    finally:
+        for g in groups.values():
+            g.shutdown()

@@ -13,7 +13,16 @@ def test_embodied_cycle_collapses_and_weights_edge_is_ignored():
     cycle, actor = stages
     assert cycle.is_cycle and cycle.items == 16 and cycle.rounds == 10
     assert cycle.ring_bytes == (100, 8)  # env->rollout obs, rollout->env actions
-    assert actor.items == 16 * 10 * 2 and actor.in_bytes == 108 * 16 * 10
+    # one optimizer step per round: 2 epochs over one minibatch of all 160 samples
+    assert (actor.items, actor.rounds) == (16 * 10, 2) and actor.in_bytes == 108 * 16 * 10
+
+
+def test_actor_rounds_are_optimizer_steps_so_micro_batches_never_exceed_a_minibatch():
+    g = embodied_graph(num_envs=16, rollout_steps=50, update_epochs=4, num_minibatches=4,
+                       sample_bytes=100)
+    actor = g.stages()[1]
+    assert (actor.items, actor.rounds) == (200, 16)  # 800 samples / 4 minibatches, 4 x 4 steps
+    assert actor.in_bytes == 100 * 16 * 50  # the trajectory still carries all N x T samples
 
 
 def test_chain_is_topological_and_cuts_are_valid():

@@ -19,6 +19,15 @@ def test_temporal_when_balanced_and_memory_heavy():
     assert r.placement()["groups"] == {"rollout": {"devices": "0-7"}, "actor": {"devices": "0-7"}}
     assert r.placement()["context_switch"] is True
     assert r.best.plan.offload  # 60 GiB rollout + 50 GiB actor shard do not fit together
+    # the runtime executes what was planned: the placement file says to offload
+    from rlinf_embodied.runtime.placement import PlacementPlan
+
+    assert r.placement()["offload"] is True and PlacementPlan.from_dict(r.placement()).offload
+    import dataclasses
+
+    roomy = search(graph, dataclasses.replace(prof, device_memory_bytes=1000 * GiB), 8)
+    assert roomy.best.mode == "temporal" and not roomy.best.plan.offload
+    assert roomy.placement()["offload"] is False and not PlacementPlan.from_dict(roomy.placement()).offload
 
 
 def test_spatial_when_one_stage_is_light_and_separable():
