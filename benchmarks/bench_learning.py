@@ -12,7 +12,8 @@ run, sampled every 5 s); env steps do not.
 Optional sections: ``--pickcube`` also runs ``configs/maniskill_pickcube_ppo_mlp.yaml``
 (first eval success_once >= 0.8, 20-minute cap); ``--sft-rl DIR`` adds the ``summary.json`` of
 an ``rlinf-embodied sft-rl`` run directory. ``--summarize DIR ...`` only reads existing main-job
-run directories (no training). ``--quick``: one seed, at most 30 iterations (48k env steps).
+run directories (no training). ``--quick``: one seed, at most 60 iterations (48k env steps).
+Trailing ``key=value`` arguments override the main job's config (e.g. ``eval.num_episodes=128``).
 
 Targets (issue 16, 2 cores): every seed reaches 0.95 within 6 minutes and ends with
 success_once >= 0.95 and success_at_end >= 0.9. Prints one JSON line last.
@@ -175,7 +176,7 @@ def train(config: str, run_dir: Path, overrides: list[str], timeout_s: float) ->
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, at most 30 iterations (48k env steps)")
+    ap.add_argument("--quick", action="store_true", help="one seed, at most 60 iterations (48k env steps)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--summarize", type=Path, nargs="+", default=None,
@@ -198,7 +199,7 @@ def main(argv=None) -> dict:
     else:
         extra = ["trainer.target_success=null", "trainer.max_time_s=null"]
         if args.quick:
-            extra.append("trainer.iterations=30")
+            extra.append("trainer.iterations=60")
         extra += args.overrides
         for s in seeds:
             d = work / f"pushcube_seed{s}"

@@ -150,7 +150,7 @@ def test_named_bad_inputs_give_one_line(runner, tmp_path):
     empty.write_text("# nothing here\n")
     cases = [
         ([job, "algorithm.gamma=1.5"], "algorithm.gamma must be in [0, 1]"),
-        ([job, "trainer.num_minibatches=100000"], "set trainer.num_minibatches to at most 1600"),
+        ([job, "trainer.num_minibatches=100000"], "set trainer.num_minibatches to at most 800"),
         ([str(empty)], "is empty"),
         ([job, "trainer.rollout_steps=0"], "trainer.rollout_steps to at least 1"),
         ([job, "trainer.lr=-1"], "trainer.lr must be a positive number"),

@@ -114,8 +114,7 @@ def test_plan_for_placement_follows_the_shipped_placements():
     from rlinf_embodied.runtime.placement import PlacementPlan
     from rlinf_embodied.scheduler.auto import message_sizes, plan_for_placement
 
-    # 16 envs x 50 steps: the batch the asserted sizes below are worked out for
-    cfg = load_config("configs/maniskill_pushcube_ppo_mlp.yaml", ["env.num_envs=16"])
+    cfg = load_config("configs/maniskill_pushcube_ppo_mlp.yaml")
     plans = {
         name: plan_for_placement(cfg, PlacementPlan.from_yaml(resolve_placement(name)), nd)
         for name, nd in (("collocated", 1), ("disaggregated", 3), ("hybrid", 2))
