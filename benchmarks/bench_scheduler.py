@@ -11,9 +11,8 @@
    (``configs/maniskill_pushcube_ppo_mlp{,_disaggregated,_hybrid}.yaml``); the median wall time
    per iteration after warm-up is compared with the cost model's prediction for the plan tree of
    that placement (:func:`~rlinf_embodied.scheduler.auto.plan_for_placement`), and the ranking
-   of the three predictions with the measured ranking. The shipped hybrid config asks for 3 CPU
-   device slots, which puts the actor on 3 ranks and fails the env-sharding check for 16 envs;
-   it is run with ``cluster.num_cpu_devices=2`` (env on 0, rollout on 1, actor on both).
+   of the three predictions with the measured ranking. The shipped hybrid config uses 2 CPU
+   device slots (env on 0, rollout on 1, actor on both).
 2. The synthetic embodied job of earlier versions on the real runtime: Ray worker groups for an
    env (sleep), a rollout (MLP forward) and an actor (forward + backward + optimizer step),
    driven call by call from the driver under a temporal and a spatial plan.
@@ -44,7 +43,7 @@ MAIN_JOB = "configs/maniskill_pushcube_ppo_mlp.yaml"
 PLACEMENTS = {
     "collocated": ("configs/maniskill_pushcube_ppo_mlp.yaml", []),
     "disaggregated": ("configs/maniskill_pushcube_ppo_mlp_disaggregated.yaml", []),
-    "hybrid": ("configs/maniskill_pushcube_ppo_mlp_hybrid.yaml", ["cluster.num_cpu_devices=2"]),
+    "hybrid": ("configs/maniskill_pushcube_ppo_mlp_hybrid.yaml", []),
 }
 WARMUP_ITERATIONS = 2
 """Iterations whose time is not counted (the first pays for process start-up and allocation)."""

@@ -31,6 +31,33 @@ class GymEnvConfig(EnvConfig):
     task_description: str = ""
     """Language instruction reported in ``task_descriptions``."""
 
+    def check_available(self) -> None:
+        """``env_id`` is a registered gymnasium id (the toy envs included) or an importable
+        ``module:Class`` (the same resolution the env workers do).
+
+        Raises:
+            ConfigError: for an unknown id (with close matches) or an unimportable class.
+        """
+        import os
+        import sys
+
+        from rlinf_embodied.envs.gymnasium_env import _entry_point_class, register_toy_envs
+
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())  # user modules next to the job, as the workers see them
+        try:
+            if _entry_point_class(self.env_id) is None and ":" not in self.env_id:
+                register_toy_envs()
+                from rlinf_embodied.config import check_registered_env_id
+
+                check_registered_env_id(self.env_id, "gymnasium",
+                                        "python -c \"import gymnasium; print(sorted(gymnasium.registry))\" "
+                                        "(toy envs: rlinf-embodied envs list)")
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(f"env.env_id: {e}") from None
+
     def __post_init__(self):
         super().__post_init__()
         if self.vectorization not in ("sync", "async"):

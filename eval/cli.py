@@ -98,6 +98,7 @@ def eval_command(
     from rlinf_embodied.eval.results import ResultsError
     from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate
     from rlinf_embodied.eval.sources import PolicySourceError
+    from rlinf_embodied.envs.base import EnvError
 
     def progress(done: int, total: int, ep) -> None:
         status = "ok  " if ep.success else ("ERR " if ep.error else "fail")
@@ -115,6 +116,9 @@ def eval_command(
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:
         _fail(str(e))
+    except EnvError as e:  # an env pool worker could not build its envs: its last line says why
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        _fail(f"{lines[0].split(': Traceback')[0]}: {lines[-1].strip()}" if len(lines) > 1 else str(e))
     except KeyboardInterrupt:
         typer.echo(f"interrupted; finished episodes are in {output}; run the same command to "
                    "resume.", err=True)

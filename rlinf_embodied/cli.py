@@ -187,6 +187,11 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"--resume {resume}: not a run directory (no config.yaml); pass the run directory "
             f"printed at the start of the run."
         )
+    from rlinf_embodied.reasoning.config import is_reasoning_job
+
+    if is_reasoning_job(run_dir / "config.yaml"):
+        raise ConfigError(f"--resume {resume}: a reasoning run; reasoning runs write no "
+                          f"resumable checkpoints yet, so start it again without --resume.")
     saved = load_config(run_dir / "config.yaml")
     cfg = load_config(run_dir / "config.yaml", overrides)
     if config:

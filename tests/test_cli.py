@@ -40,6 +40,35 @@ def test_config_show_errors_are_clear(tmp_path):
     assert r.exit_code == 2 and "not a registered ManiSkill3 env" in r.output and "'PushCube-v1'" in r.output
 
 
+def test_every_shipped_config_passes_config_show():
+    from rlinf_embodied.config import shipped_config  # noqa: F401 - configs/ is package data
+
+    for path in sorted(ROOT.glob("configs/*.yaml")) + sorted(ROOT.glob("configs/sft/*.yaml")):
+        r = runner.invoke(app, ["config", "show", str(path)])
+        assert r.exit_code == 0, (path.name, r.output)
+
+
+def test_config_show_rejects_what_train_would_reject_later():
+    for args, words in (
+        (["configs/gym_pointreach_ppo_mlp.yaml", "env.env_id=PointReach-v0"], "'toy/PointReach-v0'"),
+        (["configs/gym_pointreach_ppo_mlp.yaml", "env.env_id=examples.my_gym_env:GoalSeekEnvv"], "GoalSeekEnvv"),
+        (["configs/reasoning_grpo_tiny.yaml", "rollout.backend=vlm"], "hf or vllm"),
+    ):
+        r = runner.invoke(app, ["config", "show", *args])
+        assert r.exit_code == 2 and words in r.output, (args, r.output)
+    ok = runner.invoke(app, ["config", "show", "configs/gym_pointreach_ppo_mlp.yaml",
+                             "env.env_id=examples.my_gym_env:GoalSeekEnv"])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_resume_of_a_reasoning_run_says_it_cannot(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text((ROOT / "configs" / "reasoning_grpo_tiny.yaml").read_text())
+    r = runner.invoke(app, ["train", "--resume", str(run)])
+    assert r.exit_code == 2 and "reasoning run" in r.output, r.output
+
+
 def test_config_show_reads_sft_pipeline_files():
     r = runner.invoke(app, ["config", "show", "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "bc.steps=17"])
     assert r.exit_code == 0, r.output
@@ -206,3 +235,10 @@ def test_continue_hint_is_a_command_that_exists(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/somewhere/cli.py", "train"])
     assert _self_command().endswith("-m rlinf_embodied.cli")
     assert Path(_self_command().split()[0]).exists()
+
+
+def test_eval_with_an_unknown_gym_id_is_one_line(tmp_path):
+    r = runner.invoke(app, ["eval", "--env", "gym", "--task", "PointReach-v0", "--policy", "random",
+                            "--trials-per-task", "1", "-o", str(tmp_path / "ev.json")])
+    assert r.exit_code == 2 and "Unknown gymnasium env id" in r.output and "toy/PointReach-v0" in r.output
+    assert "Traceback" not in r.output

@@ -30,10 +30,11 @@ class ElasticActorWorker(ActorWorker):
     def train_parts(self, iteration: int, parts: List[dict]) -> Dict[str, float]:
         """One policy update on ``parts`` (this rank's shard trajectories, in shard order)."""
         with self.device_lock():
+            lr = self.optimizer.param_groups[0]["lr"]  # the rate this update trained at
             metrics = self._update(cat_env_axis(parts), iteration)
             self.scheduler.step()
             self.version += 1
-        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["train/lr"] = lr
         return metrics
 
 

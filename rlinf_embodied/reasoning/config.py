@@ -128,6 +128,8 @@ class ReasoningRolloutConfig:
     """vLLM: context length; None uses the model config's."""
 
     def __post_init__(self):
+        if self.backend not in ("hf", "vllm"):
+            raise ConfigError(f"rollout.backend must be hf or vllm (got {self.backend!r}).")
         if self.long_tail_alpha is not None and self.long_tail_alpha <= 0:
             raise ConfigError(f"rollout.long_tail_alpha must be > 0 or null (got "
                               f"{self.long_tail_alpha}).")

@@ -126,7 +126,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     job = rl_job_config(cfg, extra_overrides)
     validate_job(job)
     rl_dir = Path(job.run.run_dir())
-    gate = check_gate(job.policy.checkpoint, job.env, rl_dir, log=log)
+    gate = check_gate(job.policy.checkpoint, job.env, rl_dir, episodes=cfg.eval.gate_episodes,
+                      tolerance=cfg.eval.gate_tolerance, log=log)
     state = EmbodiedRunner(job, rl_dir).run()
     best = rl_dir / "checkpoints" / "best"
     ckpt = best if best.is_dir() else rl_dir

@@ -115,10 +115,11 @@ class ActorWorker(Worker):
         with self.device_lock(consumes=[self.channels.trajectories]):
             parts = [self.traj_ch.get(key=f"a{self.rank}") for _ in range(self.num_streams)]
             batch = cat_env_axis(parts)
+            lr = self.optimizer.param_groups[0]["lr"]  # the rate this update trained at
             metrics = self._update(batch, iteration)
             self.scheduler.step()
             self.version += 1
-        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["train/lr"] = lr
         return metrics
 
     def _update(self, batch: dict, iteration: int) -> Dict[str, float]:
@@ -184,6 +185,15 @@ class ActorWorker(Worker):
             options=StateDictOptions(full_state_dict=True, cpu_offload=True),
         )
         self.scheduler.load_state_dict(st["scheduler"])
+        # This config's schedule at the restored step. The optimizer state holds the rate of
+        # the step it was saved at (0 at the end of a linear schedule), and LambdaLR would
+        # apply a changed schedule (trainer.iterations extended on --resume) only from its next
+        # step, one iteration late. Unchanged schedules give the same float (same formula).
+        t = self.cfg.trainer
+        self.scheduler.base_lrs = [t.lr] * len(self.optimizer.param_groups)
+        for g, lam in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            g["lr"] = t.lr * lam(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.version = int(st["version"])
         rng = directory / f"actor_rng_rank{self.rank}.pt"
         if rng.exists():

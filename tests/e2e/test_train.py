@@ -78,6 +78,21 @@ def test_resume_is_exact(ray_session, tmp_path):
     assert_same(weights(tmp_path / "full"), weights(tmp_path / "resumed"))
 
 
+def test_resume_with_a_longer_linear_schedule_trains_at_the_new_rate(ray_session, tmp_path):
+    """Extending a finished linear-schedule run: the first new iteration trains at the new
+    schedule's rate (it trained at 0 before: the optimizer kept the saved end-of-schedule lr)."""
+    lr = 1e-3
+    part = make_cfg(tmp_path, iterations=2, overrides=["trainer.lr_schedule=linear", f"trainer.lr={lr}"])
+    EmbodiedRunner(part, tmp_path / "run").run()
+    more = make_cfg(tmp_path, iterations=4, overrides=["trainer.lr_schedule=linear", f"trainer.lr={lr}"])
+    EmbodiedRunner(more, tmp_path / "run", resume=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["iteration"]: r["train/lr"] for r in rows if "train/lr" in r}
+    assert lrs[1] == pytest.approx(lr) and lrs[2] == pytest.approx(lr / 2)  # 1 - 1/2 over 2
+    assert lrs[3] == pytest.approx(lr / 2) and lrs[4] == pytest.approx(lr / 4)  # 1 - 2/4, 1 - 3/4
+    assert {r["iteration"]: r["train/approx_kl"] for r in rows if "train/approx_kl" in r}[3] > 0
+
+
 def holders_never_overlap(trace):
     """Replay a lock trace: the actor never holds a device while env/rollout do, and vice versa."""
     held = {}
