@@ -30,6 +30,7 @@ from typing import Dict, List
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.elastic.weights import PullsWeights
 from rlinf_embodied.runtime import Worker
 
 __all__ = ["ElasticReasoningRunner", "ElasticReasoningWorker", "migration_metrics", "response_seed",
@@ -88,7 +89,7 @@ def migration_metrics(items: List[dict], events: List[dict], chunk_tokens: int,
             "elastic/lost_token_bound": float(chunk_tokens * lost * shard_responses)}
 
 
-class ElasticReasoningWorker(Worker):
+class ElasticReasoningWorker(PullsWeights, Worker):
     """One elastic reasoning rollout instance: an HF backend with its own weights copy.
 
     Args:
@@ -102,7 +103,6 @@ class ElasticReasoningWorker(Worker):
 
     def __init__(self, cfg, model_dir: str, store_name: str, chunk_tokens: int,
                  token_cost_s: float, kind: str):
-        import ray
         import torch
 
         from rlinf_embodied.reasoning.hf_backend import HFBackend
@@ -113,23 +113,10 @@ class ElasticReasoningWorker(Worker):
             rc = dataclasses.replace(rc, device=self.torch_device)
         self.cfg, self.kind, self.chunk, self.cost = cfg, kind, int(chunk_tokens), float(token_cost_s)
         self.backend = HFBackend(model_dir, rc)
-        self.store = ray.get_actor(store_name)
-        self.version = -1
-        self.pulls = 0
-        latest = ray.get(self.store.latest.remote())
-        if latest >= 0:  # a joining worker provisions itself with the current weights
-            self._pull(latest)
+        self._connect_weights(store_name)
 
-    def _pull(self, version: int) -> None:
-        import ray
-
-        payload = ray.get(self.store.get.remote(version))
-        if payload is None:
-            raise RuntimeError(f"weights version {version} is not in the store; publish it "
-                               f"before the rollout.")
-        self.backend.update_weights(ray.get(payload[0]), version)
-        self.version = int(version)
-        self.pulls += 1
+    def _load_weights(self, state: dict, version: int) -> None:
+        self.backend.update_weights(state, version)
 
     def run_shard(self, step: int, shard: int, version: int, state: dict) -> dict:
         """Generate the next ``chunk_tokens`` tokens of each unfinished response of ``state``.
@@ -139,8 +126,7 @@ class ElasticReasoningWorker(Worker):
             ``{"shard", "version", "kind", "traj": items, "stats"}`` with ``stats`` =
             ``responses, tokens, truncated`` sums.
         """
-        if self.version != version:
-            self._pull(version)
+        self._ensure_version(version)
         r = self.cfg.rollout
         for it in state["items"]:
             if it["finish_reason"] is not None:

@@ -16,11 +16,42 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.weight_sync import WeightSync
 
-__all__ = ["ElasticWeightSync", "WeightStore", "weight_store"]
+__all__ = ["ElasticWeightSync", "PullsWeights", "WeightStore", "weight_store"]
 
 KEEP_VERSIONS = 2
 """Versions the store keeps: the current one and the previous (a request of the old version
 may still be in flight when the next is published; on-policy runs never ask for older)."""
+
+
+class PullsWeights:
+    """Mixin of an elastic worker: holds one weights version and pulls others from the
+    :class:`WeightStore` itself. The worker class implements :meth:`_load_weights`."""
+
+    def _connect_weights(self, store_name: str) -> None:
+        """Find the store; a worker joining mid-run provisions itself with the latest version."""
+        self.store = ray.get_actor(store_name)
+        self.version = -1
+        self.pulls = 0
+        latest = ray.get(self.store.latest.remote())
+        if latest >= 0:
+            self._pull(latest)
+
+    def _ensure_version(self, version: int) -> None:
+        """Hold weights ``version`` (pulled if another one is loaded)."""
+        if self.version != version:
+            self._pull(version)
+
+    def _pull(self, version: int) -> None:
+        payload = ray.get(self.store.get.remote(version))
+        if payload is None:
+            raise RuntimeError(f"weights version {version} is not in the store (latest: "
+                               f"{ray.get(self.store.latest.remote())}); publish it before the rollout.")
+        self._load_weights(ray.get(payload[0]), int(version))
+        self.version = int(version)
+        self.pulls += 1
+
+    def _load_weights(self, state: dict, version: int) -> None:
+        raise NotImplementedError
 
 
 @ray.remote(num_cpus=0)

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import torch
 
 from rlinf_embodied.config import JobConfig
+from rlinf_embodied.elastic.weights import PullsWeights
 from rlinf_embodied.runtime import Worker
 from rlinf_embodied.runtime import device as dev
 from rlinf_embodied.workers.env_worker import request_seed
@@ -46,7 +47,7 @@ def shard_reset(env, run_seed: int, iteration: int, first: int, group_size: int)
     return obs
 
 
-class ElasticRolloutWorker(Worker):
+class ElasticRolloutWorker(PullsWeights, Worker):
     """Runs whole shards: reset, ``trainer.rollout_steps`` queries of its own policy copy, env
     chunk steps, bootstrap values.
 
@@ -59,7 +60,6 @@ class ElasticRolloutWorker(Worker):
     """
 
     def __init__(self, cfg: JobConfig, spec: dict, store_name: str, shard_envs: int, kind: str):
-        import ray
 
         from rlinf_embodied.envs import make_env
         from rlinf_embodied.policies import build_policy
@@ -70,12 +70,7 @@ class ElasticRolloutWorker(Worker):
         torch.manual_seed(cfg.run.seed)
         self.policy = build_policy(cfg.policy, SpaceSpec.from_dict(spec)).eval()
         self.policy.to(self.torch_device)
-        self.store = ray.get_actor(store_name)
-        self.version = -1
-        self.pulls = 0
-        latest = ray.get(self.store.latest.remote())
-        if latest >= 0:  # a joining worker provisions itself with the current weights
-            self._pull(latest)
+        self._connect_weights(store_name)
 
     def node_id(self) -> str:
         """Ray node id of this worker's process."""
@@ -83,16 +78,8 @@ class ElasticRolloutWorker(Worker):
 
         return ray.get_runtime_context().get_node_id()
 
-    def _pull(self, version: int) -> None:
-        import ray
-
-        payload = ray.get(self.store.get.remote(version))
-        if payload is None:
-            raise RuntimeError(f"weights version {version} is not in the store (latest: "
-                               f"{ray.get(self.store.latest.remote())}); publish it before the rollout.")
-        self.policy.load_state_dict(ray.get(payload[0]))
-        self.version = int(version)
-        self.pulls += 1
+    def _load_weights(self, state: dict, version: int) -> None:
+        self.policy.load_state_dict(state)
 
     @torch.no_grad()
     def run_shard(self, iteration: int, shard: int, version: int) -> dict:
@@ -107,8 +94,7 @@ class ElasticRolloutWorker(Worker):
             ``success_once``, ``episode_return``, ``env_steps``, ``env_errors``,
             ``env_time_s``).
         """
-        if self.version != version:
-            self._pull(version)
+        self._ensure_version(version)
         cfg, n, T = self.cfg, self.n, self.cfg.trainer.rollout_steps
         seed, first = cfg.run.seed, shard * n
         G = max(1, cfg.algorithm.group_size)
