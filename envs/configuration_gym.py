@@ -38,13 +38,10 @@ class GymEnvConfig(EnvConfig):
         Raises:
             ConfigError: for an unknown id (with close matches) or an unimportable class.
         """
-        import os
-        import sys
-
+        from rlinf_embodied.components import user_modules_importable
         from rlinf_embodied.envs.gymnasium_env import _entry_point_class, register_toy_envs
 
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())  # user modules next to the job, as the workers see them
+        user_modules_importable()
         try:
             if _entry_point_class(self.env_id) is None and ":" not in self.env_id:
                 register_toy_envs()

@@ -92,17 +92,10 @@ def config_show(
 
 def _is_sft_pipeline(path: str) -> bool:
     """True for an SFT pipeline YAML (a top-level ``demos`` or ``bc`` section)."""
-    from omegaconf import DictConfig, OmegaConf
+    from rlinf_embodied.config import peek_top_level
 
-    from rlinf_embodied.config import shipped_config
-
-    p = Path(path)
-    p = p if p.is_file() else shipped_config(p)
-    try:
-        raw = OmegaConf.load(p) if p is not None else None
-    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
-        return False
-    return isinstance(raw, DictConfig) and ("demos" in raw or "bc" in raw)
+    raw = peek_top_level(path)
+    return raw is not None and ("demos" in raw or "bc" in raw)
 
 
 @app.command()

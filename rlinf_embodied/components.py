@@ -89,12 +89,18 @@ def types(section: str) -> List[ComponentType]:
     return [_TYPES[section][n] for n in type_names(section)]
 
 
+def user_modules_importable() -> None:
+    """Put the working directory on ``sys.path``: user modules next to the job import as
+    ``python -m`` would see them (Ray workers start in the driver's directory and do the same)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def _import(target, what: str):
     if not isinstance(target, str):
         return target
     module, _, attr = target.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # user modules next to the job, as `python -m` would see them
+    user_modules_importable()
     try:
         obj = importlib.import_module(module)
     except ModuleNotFoundError as e:

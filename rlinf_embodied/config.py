@@ -33,6 +33,7 @@ from rlinf_embodied.elastic.config import ElasticConfig
 __all__ = [
     "ConfigError",
     "check_registered_env_id",
+    "peek_top_level",
     "config_class",
     "config_types",
     "shipped_config",
@@ -462,6 +463,21 @@ def shipped_config(name: str | os.PathLike) -> Optional[Path]:
         p = Path(*p.parts[1:])
     cand = ROOT / (p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml"))
     return cand if cand.is_file() else None
+
+
+def peek_top_level(path: str | os.PathLike) -> Optional[DictConfig]:
+    """The raw top-level mapping of a job file (a path or a shipped config name), unvalidated,
+    to tell which schema it needs; None when it is missing, not YAML or not a mapping (the
+    strict loader then reports why)."""
+    p = Path(path)
+    p = p if p.is_file() else shipped_config(p)
+    if p is None:
+        return None
+    try:
+        raw = OmegaConf.load(p)
+    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
+        return None
+    return raw if isinstance(raw, DictConfig) else None
 
 
 def _read_yaml(path: str | os.PathLike) -> DictConfig:

@@ -275,22 +275,10 @@ class ReasoningJobConfig:
 
 def is_reasoning_job(path) -> bool:
     """True when the YAML file at ``path`` says ``workflow: reasoning`` at its top level."""
-    from pathlib import Path
+    from rlinf_embodied.config import peek_top_level
 
-    from omegaconf import DictConfig, OmegaConf
-
-    from rlinf_embodied.config import shipped_config
-
-    p = Path(path)
-    if not p.is_file():
-        p = shipped_config(p)
-        if p is None:
-            return False
-    try:
-        raw = OmegaConf.load(p)
-    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
-        return False
-    return isinstance(raw, DictConfig) and raw.get("workflow") == "reasoning"
+    raw = peek_top_level(path)
+    return raw is not None and raw.get("workflow") == "reasoning"
 
 
 def load_job_config(path, overrides=None):
