@@ -42,7 +42,16 @@ OBS_KEYS = ("states", "main_images", "wrist_images", "task_descriptions")
 
 
 class EnvError(RuntimeError):
-    """An environment could not be built, reset or stepped; the message says how to fix it."""
+    """An environment could not be built, reset or stepped; the message says how to fix it.
+
+    Attributes:
+        summary: One line for a command-line error: the message without a worker's traceback
+            (the traceback's last line, the error itself, kept).
+    """
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 class AutoresetMode(str, enum.Enum):

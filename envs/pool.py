@@ -337,7 +337,9 @@ class ProcessPool:
             if "died during start" in str(payload):
                 hint = (" If the script that builds the env has no `if __name__ == '__main__':` "
                         "guard, add one: spawn/forkserver workers re-import the main module.")
-            raise EnvError(f"{w.label} failed to build its envs: {payload}{hint}")
+            last = next((ln.strip() for ln in reversed(str(payload).splitlines()) if ln.strip()), "")
+            raise EnvError(f"{w.label} failed to build its envs: {payload}{hint}",
+                           summary=f"{w.label} failed to build its envs: {last}{hint}")
         self._spec = payload
         w.ready = True
 

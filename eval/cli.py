@@ -116,9 +116,8 @@ def eval_command(
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:
         _fail(str(e))
-    except EnvError as e:  # an env pool worker could not build its envs: its last line says why
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        _fail(f"{lines[0].split(': Traceback')[0]}: {lines[-1].strip()}" if len(lines) > 1 else str(e))
+    except EnvError as e:  # e.g. an env pool worker could not build its envs
+        _fail(e.summary)
     except KeyboardInterrupt:
         typer.echo(f"interrupted; finished episodes are in {output}; run the same command to "
                    "resume.", err=True)
