@@ -50,7 +50,8 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     """One RL update of ``policy`` on a time-major batch (T, N): advantages, then
     ``trainer.update_epochs`` x ``trainer.num_minibatches`` optimizer steps, each accumulated
     over micro-batches of ``trainer.micro_batch_size`` samples, with gradient clipping and the
-    optional ``algorithm.target_kl`` early stop (mean over ranks). Minibatch order is seeded by
+    optional ``algorithm.target_kl`` early stop (mean over ranks); then the policy's running
+    observation statistics take in the batch (:meth:`Policy.update_obs_stats`). Minibatch order is seeded by
     (run seed, iteration, rank).
 
     Args:
@@ -137,6 +138,9 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
                 break
         if stop:
             break
+    # Running observation statistics move only between updates, so this update's ratios
+    # started at exactly 1 and the next rollout normalises with the refreshed numbers.
+    policy.update_obs_stats(data["fi"], data["valid"])
     out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
     out["train/minibatches"] = float(count)
     out["train/valid_fraction"] = float(adv.valid.float().mean())
