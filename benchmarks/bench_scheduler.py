@@ -356,6 +356,22 @@ def measure_real_job(iterations: int, repeats: int) -> dict:
     return out
 
 
+def _profile_terms(profile) -> dict:
+    """The measured profile in a few numbers: per-call times at the job's sizes (ms), the CPU
+    terms (cores, threads, ring and loop costs) and the actor's data-parallel efficiency."""
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.scheduler.auto import graph_from_config
+
+    cycle, actor = graph_from_config(load_config(str(ROOT / MAIN_JOB))).stages()
+    out = {"cpu_cores": profile.cpu_cores, "weight_sync_ms": round(profile.weight_sync_s * 1e3, 3)}
+    for name, c in sorted(profile.components.items()):
+        n = actor.items if name == "actor" else cycle.items
+        out[name] = {"call_ms": round(c.time(n) * 1e3, 3), "items": n,
+                     "ring_ms": round(c.ring_s * 1e3, 3), "loop_ms": round(c.loop_s * 1e3, 3),
+                     "cpu_threads": c.cpu_threads, "dp_efficiency": round(c.dp_efficiency, 4)}
+    return out
+
+
 def search_times() -> dict:
     from rlinf_embodied.scheduler.graph import embodied_graph
     from rlinf_embodied.scheduler.planner import search
@@ -495,6 +511,7 @@ def main(argv=None) -> int:
             "payload_bytes": [int(b) for b in msgs.payload_bytes],
             "same_node_s": [round(t, 6) for t in msgs.hop_s["same_node"]],
         },
+        "profile_terms": _profile_terms(prof["profile"]),
         "profile_s": prof["seconds"],
         "profile_loadavg": prof["loadavg"],
     }
