@@ -414,6 +414,11 @@ def _start_ray(attempts: int = 12, patience_s: float = 40.0) -> None:
     services.get_node = patient
     # the raylet waits this long (default 30 s) for its agents; a loaded machine needs more
     os.environ.setdefault("RAY_agent_register_timeout_ms", str(int(patience_s * 1000)))
+    # workers at the runtime's niceness, as the Cluster starts them (Ray's default is 15, which
+    # hands the cores to any other process and makes every measured time depend on the load)
+    from rlinf_embodied.runtime.cluster import WORKER_NICENESS
+
+    os.environ.setdefault("RAY_worker_niceness", WORKER_NICENESS)
     try:
         for i in range(attempts):
             try:

@@ -208,7 +208,7 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
                     repeats: int = 3, message_repeats: int = 10,
                     dp_ranks: int = 2, warmup: int = 3,
-                    loop_iterations: int = 2) -> WorkflowProfile:
+                    loop_iterations: int = 3, loop_warmup: int = 2) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
@@ -232,9 +232,12 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         dp_ranks: Actor ranks of the data-parallel measurement (1: keep ``dp_efficiency`` 1).
         warmup: Untimed calls per batch size first (a freshly built env pool runs its first
             steps slower).
-        loop_iterations: Iterations of the real loop timed on the profiling groups after one
-            untimed (:func:`measure_loop`; its costs beyond the profiled calls become
-            ``ring_s`` / ``loop_s``, see :func:`with_cpu_terms`); 0 skips it.
+        loop_iterations: Iterations of the real loop timed on the profiling groups, and again
+            with ``dp_ranks`` actor ranks (:func:`measure_loop`; its costs beyond the profiled
+            calls become ``ring_s`` / ``loop_s`` / ``loop_dp_s``, see :func:`with_cpu_terms`);
+            0 skips it.
+        loop_warmup: Untimed loop iterations first (fresh processes run their first
+            iterations slower).
     """
     from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
     from rlinf_embodied.runtime import PlacementPlan
@@ -259,7 +262,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         )
         spec = groups.env.on([0]).space_spec().wait()[0]
         groups.env.profile_close().wait()
-        loop = measure_loop(groups, versions, loop_iterations) if loop_iterations else None
+        loop = (measure_loop(groups, versions, loop_iterations, loop_warmup)
+                if loop_iterations else None)
     finally:
         groups.shutdown(keep_cluster=True)
     actor = profile["actor"]
@@ -277,7 +281,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         groups = launch_groups(probe, Path(run_dir), run_id + "-loop-dp", None,
                                plan=PlacementPlan.from_dict(dp_plan))
         try:
-            loop_dp = measure_loop(groups, iter(range(1, 1 << 30)), loop_iterations)
+            loop_dp = measure_loop(groups, iter(range(1, 1 << 30)), loop_iterations, loop_warmup)
         finally:
             groups.shutdown(keep_cluster=True)
     messages = profile_messages(cluster, message_sizes(cfg), repeats=message_repeats)
@@ -357,7 +361,9 @@ def with_cpu_terms(profile: WorkflowProfile, cfg: Any, cores: int, loop: dict | 
       optimizer step (the optimizer update, clipping, advantages).
     * With ``loop_dp`` (the same loop with ``dp_ranks`` actor ranks): actor ``loop_dp_s`` = its
       per-step ``loop_s`` there (against the data-parallel forward + backward of its share)
-      minus the single-rank ``loop_s``, per doubling of ranks.
+      minus the single-rank ``loop_s``, per doubling of ranks; when that is negative (the
+      forward + backward probe of ``dp_efficiency`` was slower than the real loop's steps),
+      ``dp_efficiency`` is set so that the loop's steps are what the model predicts.
     """
     from rlinf_embodied.scheduler.cost_model import CostModel
 
@@ -390,9 +396,16 @@ def with_cpu_terms(profile: WorkflowProfile, cfg: Any, cores: int, loop: dict | 
         if loop_dp:
             share = -(-actor.items // dp_ranks)
             step_dp = cm.call_time("actor", actor.items, dp_ranks, t.micro_batch_size or share)
-            loop_d = (loop_dp["train_s"] - handoff / dp_ranks) / actor.rounds - step_dp
-            comps["actor"] = dataclasses.replace(
-                comps["actor"], loop_dp_s=max(0.0, (loop_d - loop_1) / math.log2(dp_ranks)))
+            per_round = (loop_dp["train_s"] - handoff / dp_ranks) / actor.rounds
+            growth = (per_round - step_dp - loop_1) / math.log2(dp_ranks)
+            a = comps["actor"]
+            if growth >= 0:
+                comps["actor"] = dataclasses.replace(a, loop_dp_s=growth)
+            else:  # the probe's slow-down exceeds the real loop's: the loop's step wins
+                plain = step_dp / a.scale(dp_ranks)
+                need = max(per_round - loop_1, 1e-9)
+                eff = min(1.0, max(1e-3, (plain / need) ** (1.0 / math.log2(dp_ranks))))
+                comps["actor"] = dataclasses.replace(a, dp_efficiency=eff)
     return dataclasses.replace(profile, components=comps, cpu_cores=int(cores))
 
 

@@ -18,6 +18,15 @@ time is multiplied by ``dp_efficiency ** -log2(d)`` (a fixed efficiency loss per
 training pays for the gradient all-reduce (default analytic value 0.97 per doubling, an
 assumption, not a paper number).
 
+CPU cores (CPU-only clusters): CPU device slots are shares of one node's cores, so groups on
+different slots are not independent devices. :attr:`WorkflowProfile.cpu_cores` records the cores
+the slots share (0 on accelerators, where nothing below applies), each component its busy threads
+(``cpu_threads``), the extra cost per call of alternating with its ring partner on those cores
+(``ring_s``: the partner's idle OpenMP threads spin for milliseconds after each of its calls),
+and every component what the real training loop adds beyond its profiled calls (``loop_s``,
+``loop_dp_s``). All of them are measured by running the real loop on the profiling groups
+(:func:`~rlinf_embodied.scheduler.auto.measure_profile`).
+
 Messages (paper section 3.5): every channel message between two worker groups costs a fixed
 per-message time (the channel's protocol: queue, serialisation, process wake-ups) plus a
 per-byte time, and both depend on where producer and consumer run. A :class:`MessageProfile`

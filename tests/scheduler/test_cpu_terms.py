@@ -144,6 +144,13 @@ def test_with_cpu_terms_derives_ring_and_loop_costs_from_the_measured_loop():
     assert gpu.cpu_cores == 0 and gpu["env"].ring_s == 0.0 and gpu["rollout"].ring_s == 0.0
     assert gpu["env"].loop_s == pytest.approx(0.050 - 0.026 - 0.010 - 2 * msg)
     assert CostModel(gpu).time(Cycle(cycle, 1, False, 1)) == pytest.approx(loop["rollout_s"])
+    # a dp probe slower than the real loop's steps: the loop's steps set dp_efficiency
+    slow = dataclasses.replace(base, components={
+        **base.components, "actor": dataclasses.replace(base["actor"], dp_efficiency=0.5)})
+    fit = with_cpu_terms(slow, _cfg(), 2, loop, {"train_s": 16 * 0.150 + msg / 2}, 2)
+    assert fit["actor"].loop_dp_s == 0.0
+    assert fit["actor"].dp_efficiency == pytest.approx(0.100 / 0.140)
+    assert CostModel(fit).time(Leaf(act, 2, 100)) == pytest.approx(16 * 0.150)
     # an env stepping in-process keeps one thread busy
     assert with_cpu_terms(base, _cfg(num_processes=0), 2, None)["env"].cpu_threads == 1.0
 
