@@ -272,7 +272,8 @@ def profile_main_job(out_dir: Path, repeats: int):
 
     cfg = _load(MAIN_JOB, [], out_dir, 1)
     t0 = time.perf_counter()
-    cluster = Cluster(num_cpu_devices=cfg.cluster.num_cpu_devices)
+    # 2 slots (the hybrid config's): the actor's data-parallel loop runs one rank per slot
+    cluster = Cluster(num_cpu_devices=2)
     with contextlib.redirect_stdout(sys.stderr):
         prof = measure_profile(cfg, cluster, out_dir / "profile", "bench", repeats=repeats,
                                message_repeats=repeats)

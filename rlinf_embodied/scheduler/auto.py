@@ -214,7 +214,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
     profiles ``profile_step`` / ``profile_act`` (timed inside the workers: the channel messages
     that carry their inputs are measured separately) and ``profile_train`` at
-    :func:`default_batch_sizes`, times the weight sync, then measures channel messages with
+    :func:`default_batch_sizes` for one device, times the weight sync, then measures channel messages with
     :func:`~.profiler.profile_messages` at :func:`message_sizes`. With ``dp_ranks`` > 1 it also
     trains on ``dp_ranks`` actor ranks at once (devices 0.. when the cluster has that many, else
     that many processes on device 0: CPU device slots share the node's cores) and sets the
@@ -233,7 +233,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         warmup: Untimed calls per batch size first (a freshly built env pool runs its first
             steps slower).
         loop_iterations: Iterations of the real loop timed on the profiling groups, and again
-            with ``dp_ranks`` actor ranks (:func:`measure_loop`; its costs beyond the profiled
+            with ``dp_ranks`` actor ranks on devices 0.. when the cluster has that many
+            (:func:`measure_loop`; its costs beyond the profiled
             calls become ``ring_s`` / ``loop_s`` / ``loop_dp_s``, see :func:`with_cpu_terms`);
             0 skips it.
         loop_warmup: Untimed loop iterations first (fresh processes run their first
@@ -254,7 +255,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
             WorkerGroupComponent("actor", groups.actor, "profile_train"),
         ]
         versions = iter(range(1, 1 << 30))
-        sizes = default_batch_sizes(cfg, int(cluster.num_devices))
+        sizes = default_batch_sizes(cfg, 1)  # up to every env on one device
         profile = profile_workflow(
             components, sizes, _device_memory(),
             weight_sync=lambda: groups.sync.push(next(versions)), repeats=repeats,
@@ -274,10 +275,12 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         profile = dataclasses.replace(profile, components={
             **profile.components, "actor": dataclasses.replace(actor, dp_efficiency=eff)})
     loop_dp = None
-    if loop_iterations and dp_ranks > 1:  # the real update on dp_ranks actor ranks
+    if loop_iterations and 1 < dp_ranks <= int(cluster.num_devices):
+        # the real update on dp_ranks actor ranks, one per device slot (ranks of one group on
+        # one slot would each wait for the slot's device lock that the other holds)
         dp_plan = {"context_switch": True, "groups": {
             "env": {"devices": "0"}, "rollout": {"devices": "0"},
-            "actor": {"devices": "0", "procs_per_device": dp_ranks}}}
+            "actor": {"devices": f"0-{dp_ranks - 1}"}}}
         groups = launch_groups(probe, Path(run_dir), run_id + "-loop-dp", None,
                                plan=PlacementPlan.from_dict(dp_plan))
         try:
