@@ -3,9 +3,13 @@
 1. Prediction error on the *real main job* (paper section 5.2 reports < 2% temporal, < 5%
    spatial; the targets here are <= 5% and <= 10%). The job of
    ``configs/maniskill_pushcube_ppo_mlp.yaml`` is profiled once on this machine
-   (:func:`~rlinf_embodied.scheduler.auto.measure_profile`: env step, policy forward and
-   training step inside the real workers, weight sync, and one channel message measured as a
-   real round trip between two worker processes at the job's message sizes). Then the real
+   (:func:`~rlinf_embodied.scheduler.auto.measure_profile` on 2 CPU device slots: env step,
+   policy forward and training step inside the real workers, weight sync, one channel message
+   measured as a real round trip between two worker processes at the job's message sizes, and
+   a few iterations of the real loop on one rank each and with two actor ranks, which give the
+   CPU terms: what the loop adds to the profiled calls and what alternating on the shared cores
+   costs; ``profile_terms`` in the JSON). Ray's workers run at nice 0, as the runtime starts
+   them. Then the real
    training loop (:class:`~rlinf_embodied.runners.embodied.EmbodiedRunner`, a few iterations, no
    evaluation or checkpoints) runs under the collocated, disaggregated and hybrid placements
    (``configs/maniskill_pushcube_ppo_mlp{,_disaggregated,_hybrid}.yaml``); the median wall time

@@ -233,8 +233,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         warmup: Untimed calls per batch size first (a freshly built env pool runs its first
             steps slower).
         loop_iterations: Iterations of the real loop timed on the profiling groups, and again
-            with ``dp_ranks`` actor ranks on devices 0.. when the cluster has that many
-            (:func:`measure_loop`; its costs beyond the profiled
+            with ``dp_ranks`` actor ranks on devices 0.. when the cluster has that many (a CPU
+            cluster always: its device slots share the same cores) (:func:`measure_loop`; its costs beyond the profiled
             calls become ``ring_s`` / ``loop_s`` / ``loop_dp_s``, see :func:`with_cpu_terms`);
             0 skips it.
         loop_warmup: Untimed loop iterations first (fresh processes run their first
@@ -275,13 +275,17 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         profile = dataclasses.replace(profile, components={
             **profile.components, "actor": dataclasses.replace(actor, dp_efficiency=eff)})
     loop_dp = None
-    if loop_iterations and 1 < dp_ranks <= int(cluster.num_devices):
+    if loop_iterations and dp_ranks > 1 and (dp_ranks <= int(cluster.num_devices)
+                                             or cpu_cores(cluster) > 0):
         # the real update on dp_ranks actor ranks, one per device slot (ranks of one group on
-        # one slot would each wait for the slot's device lock that the other holds)
+        # one slot would each wait for the slot's device lock that the other holds); CPU
+        # device slots are shares of the same cores, so a CPU cluster can always declare them
         dp_plan = {"context_switch": True, "groups": {
             "env": {"devices": "0"}, "rollout": {"devices": "0"},
             "actor": {"devices": f"0-{dp_ranks - 1}"}}}
-        groups = launch_groups(probe, Path(run_dir), run_id + "-loop-dp", None,
+        wide = dataclasses.replace(probe, cluster=dataclasses.replace(
+            probe.cluster, num_cpu_devices=max(dp_ranks, probe.cluster.num_cpu_devices)))
+        groups = launch_groups(wide, Path(run_dir), run_id + "-loop-dp", None,
                                plan=PlacementPlan.from_dict(dp_plan))
         try:
             loop_dp = measure_loop(groups, iter(range(1, 1 << 30)), loop_iterations, loop_warmup)
