@@ -208,7 +208,7 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
                     repeats: int = 3, message_repeats: int = 10,
                     dp_ranks: int = 2, warmup: int = 3,
-                    loop_iterations: int = 3, loop_warmup: int = 2) -> WorkflowProfile:
+                    loop_iterations: int = 0, loop_warmup: int = 2) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
@@ -236,7 +236,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
             with ``dp_ranks`` actor ranks on devices 0.. when the cluster has that many (a CPU
             cluster always: its device slots share the same cores) (:func:`measure_loop`; its costs beyond the profiled
             calls become ``ring_s`` / ``loop_s`` / ``loop_dp_s``, see :func:`with_cpu_terms`);
-            0 skips it.
+            0 (default, what ``placement=auto`` uses: the loop takes about a minute on 2 cores)
+            skips it.
         loop_warmup: Untimed loop iterations first (fresh processes run their first
             iterations slower).
     """
