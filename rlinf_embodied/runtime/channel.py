@@ -506,7 +506,7 @@ class Channel:
             return _Entry(True, item, weight)
         return _Entry(False, [ray.put(item)], weight)
 
-    def bind(self, key: Hashable) -> None:
+    def bind(self, key: Hashable, caller_reads: bool = False) -> None:
         """Receive the items of ``key`` in this process, directly from their producers.
 
         Call it in the consumer before anyone puts to ``key`` (e.g. in a worker's
@@ -515,14 +515,24 @@ class Channel:
         may bind the key again. Items wait in this process until :meth:`get`; with a maxsize,
         at most maxsize items of this channel wait here and producers block beyond that.
 
+        Args:
+            key: The key whose items come here.
+            caller_reads: The thread that calls ``get`` reads the producers' sockets itself
+                (no reader thread and hand-off: the fast path of a request/reply loop). Items
+                then wait in the kernel's socket buffers until a ``get`` (a few MiB per producer;
+                beyond that producers block), so use it where the consumer always comes back
+                for its items soon; every key of a channel bound in one process is bound the
+                same way.
+
         Raises:
-            ValueError: If ``key`` is None (unkeyed items are dealt by the queue) or items of it
-                already went through the queue.
+            ValueError: If ``key`` is None (unkeyed items are dealt by the queue), items of it
+                already went through the queue, or another key of the channel was bound here
+                with the other ``caller_reads``.
         """
         if key is None:
             raise ValueError(f"Channel {self.name!r}: bind a key; unkeyed items are dealt by the queue.")
         ep = transport.endpoint()
-        ep.expect(self._instance, self.maxsize)
+        ep.expect(self._instance, self.maxsize, caller_reads)
         error = ray.get(self._actor.bind.remote(key, ep.address))
         if error:
             raise ValueError(error)

@@ -19,17 +19,23 @@ Each process has at most one :class:`Endpoint` (started by the first bind): a li
 pair and one reader thread per incoming connection. Readers deliver into per-(channel, key)
 inboxes at once, so a producer never waits for its consumer to call ``get`` (a bounded channel
 makes readers stop reading while the consumer's inbox is full, which backs the producer up).
+A consumer that always comes back for its items (a request/reply loop) can bind with
+``caller_reads``: then the thread waiting in ``get`` reads the sockets itself, one wake-up per
+message instead of a reader thread's wake-up and its hand-off, and items wait in the kernel's
+socket buffers (``SOCKET_BUFFER_BYTES``) until it asks.
 """
 
 from __future__ import annotations
 
 import array
 import collections
+import copyreg
 import dataclasses
 import io
 import mmap
 import os
 import pickle
+import select
 import socket
 import struct
 import sys
@@ -52,8 +58,8 @@ LOCAL = "local"
 SAME_NODE = "same_node"
 REMOTE = "remote"
 
-_HEADER = struct.Struct("<IQ")  # number of buffers, meta length
-_BUFFER = struct.Struct("<QB")  # buffer length, kind (0: in the stream, 1: shared memory)
+_HEADER = struct.Struct("<IQ")  # number of buffers, meta length; then one <Q per buffer:
+# its length << 1 | kind (0: in the stream, 1: shared memory)
 _HELLO = struct.Struct("<I")
 
 
@@ -98,53 +104,96 @@ def choose(producer_node: str, consumer: Address, force: str | None = None) -> s
 # ---- serialisation ---------------------------------------------------------------------------
 
 
-def _rebuild_tensor(array, dtype, shape):
-    """A tensor over ``array``'s memory (numpy array of the raw bytes or values, no copy)."""
+def _tensor_from_buffer(buf, code: int, shape: tuple):
+    """A tensor over ``buf``'s bytes (no copy): dtype ``_dtypes()[code]``, shape ``shape``."""
     import torch
 
-    if dtype is None:
-        return torch.from_numpy(array)
-    if not array.size:
+    dtype, np_dtype = _dtypes()[code]
+    if np_dtype is not None:  # through numpy: fewer and cheaper calls than torch.frombuffer
+        import numpy as np
+
+        return torch.from_numpy(np.frombuffer(buf, np_dtype).reshape(shape))
+    if not len(buf):
         return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(array).view(dtype).reshape(shape)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
-class _Pickler(pickle.Pickler):
-    """Protocol 5; dense CPU tensors go out of band as numpy arrays over their memory (torch
-    pickles them in band, a copy and a slow path)."""
-
-    def reducer_override(self, obj):
-        torch = sys.modules.get("torch")
-        if torch is None or type(obj) is not torch.Tensor:
-            return NotImplemented
-        if (obj.device.type != "cpu" or obj.layout != torch.strided or obj.requires_grad
-                or obj.is_quantized or obj.is_conj() or obj.is_neg()):
-            return NotImplemented
+def _reduce_tensor(obj):
+    """Pickle reduction of a dense CPU tensor: its bytes out of band, dtype code and shape in
+    band. Other tensors (accelerator, autograd, quantized, conjugate/negative views, sparse)
+    keep torch's own reduction."""
+    try:
         if not obj.is_contiguous():
             obj = obj.contiguous()
-        if obj.dtype in _NUMPY_DTYPES(torch):  # numpy pickles the array out of band itself
-            return _rebuild_tensor, (obj.numpy(), None, None)
-        raw = obj.reshape(-1).view(torch.uint8).numpy()
-        return _rebuild_tensor, (raw, obj.dtype, tuple(obj.shape))
+        array = obj.numpy()  # raises for everything but a dense CPU tensor of a numpy dtype
+    except (RuntimeError, TypeError):
+        torch = sys.modules["torch"]
+        if (obj.device.type != "cpu" or obj.layout != torch.strided or obj.requires_grad
+                or obj.is_quantized or obj.is_conj() or obj.is_neg()):
+            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        array = obj.reshape(-1).view(torch.uint8).numpy()  # bfloat16 and other non-numpy dtypes
+    return _tensor_from_buffer, (pickle.PickleBuffer(array), _dtype_codes()[obj.dtype], tuple(obj.shape))
 
 
-_numpy_dtypes: list = []
+_dtype_table: list = []
 
 
-def _NUMPY_DTYPES(torch) -> frozenset:  # noqa: N802 - a lazily built constant
-    if not _numpy_dtypes:
-        _numpy_dtypes.append(frozenset({
-            torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
-            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}))
-    return _numpy_dtypes[0]
+def _dtypes() -> tuple:
+    """(torch dtype, numpy dtype or None) per code (built once torch is imported)."""
+    if not _dtype_table:
+        import numpy as np
+        import torch
+
+        names = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
+                 "bool", "complex64", "complex128", "bfloat16", "uint16", "uint32", "uint64",
+                 "float8_e4m3fn", "float8_e5m2")
+        found = [getattr(torch, n) for n in names if hasattr(torch, n)]
+        numpy_kind = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+                      torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+                      torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+                      torch.complex64: np.complex64, torch.complex128: np.complex128}
+        table = tuple((d, numpy_kind.get(d)) for d in found)
+        _dtype_table.extend([table, {d: i for i, d in enumerate(found)}])
+    return _dtype_table[0]
+
+
+def _dtype_codes() -> dict:
+    _dtypes()
+    return _dtype_table[1]
+
+
+_pickle_tables: list = []
+
+
+def _dispatch_table() -> dict | None:
+    """copyreg's reductions plus :func:`_reduce_tensor` for ``torch.Tensor`` (None until torch
+    is imported: then no item can hold a tensor)."""
+    if not _pickle_tables:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        table = copyreg.dispatch_table.copy()
+        table[torch.Tensor] = _reduce_tensor
+        _pickle_tables.append(table)
+    return _pickle_tables[0]
 
 
 def encode(item: Any) -> tuple[bytes, list[memoryview]]:
-    """``item`` -> (pickle stream, out-of-band buffers). Falls back to cloudpickle in band."""
+    """``item`` -> (pickle stream, out-of-band buffers). Falls back to cloudpickle in band.
+
+    Pickle protocol 5; dense CPU tensors and numpy arrays go out of band (their memory, no
+    copy): a tensor is rebuilt over the received bytes with ``torch.frombuffer``. Only exact
+    ``torch.Tensor`` instances take that path (a C dispatch-table lookup, so every other object
+    is pickled at C speed).
+    """
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
     try:
-        _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(item)
+        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+        table = _dispatch_table()
+        if table is not None:
+            pickler.dispatch_table = table
+        pickler.dump(item)
     except (pickle.PicklingError, TypeError, AttributeError):
         from ray import cloudpickle
 
@@ -192,11 +241,11 @@ class _Connection:
             n = buf.nbytes
             if shm and n >= SHM_MIN_BYTES and len(fds) < MAX_FDS:
                 fds.append(_to_memfd(buf))
-                descs.append(_BUFFER.pack(n, 1))
+                descs.append(n << 1 | 1)
             else:
                 stream.append(buf)
-                descs.append(_BUFFER.pack(n, 0))
-        head = _HEADER.pack(len(buffers), len(meta)) + b"".join(descs)
+                descs.append(n << 1)
+        head = _HEADER.pack(len(buffers), len(meta)) + struct.pack(f"<{len(descs)}Q", *descs)
         try:
             with self.lock:
                 return _send(self.sock, [head, meta, *stream], fds, timeout)
@@ -224,7 +273,18 @@ def _to_memfd(buf: memoryview) -> int:
 def _send(sock: socket.socket, parts: list, fds: list[int] = (), timeout: float | None = None) -> bool:
     """Write ``parts`` (fds ride with the first byte). With ``timeout``, give up (False) only if
     not a byte went out in time; once the message has started it is always finished."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts if len(p)]
+    if timeout is None and not fds:  # the common case: one blocking call writes it all
+        sent = sock.sendmsg(views[:64])
+        total = sum(v.nbytes for v in views)
+        if sent == total:
+            return True
+        views = [v.cast("B") for v in views]
+        _advance(views, sent)
+        while views:
+            _advance(views, sock.sendmsg(views[:64]))
+        return True
+    views = [v.cast("B") for v in views]
     first = True
     sock.settimeout(timeout)
     try:
@@ -241,16 +301,21 @@ def _send(sock: socket.socket, parts: list, fds: list[int] = (), timeout: float 
             if first and sent:
                 first = False
                 sock.settimeout(None)
-            while sent:
-                if sent >= len(views[0]):
-                    sent -= len(views[0])
-                    views.pop(0)
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
+            _advance(views, sent)
     finally:
         sock.settimeout(None)
     return True
+
+
+def _advance(views: list[memoryview], sent: int) -> None:
+    """Drop the first ``sent`` bytes of ``views`` (byte-format views)."""
+    while sent:
+        if sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
 
 
 # ---- receiving -------------------------------------------------------------------------------
@@ -277,30 +342,53 @@ class Endpoint:
         self._held: dict[str, int] = collections.defaultdict(int)  # items per channel instance
         self._maxsize: dict[str, int] = {}
         self._errors: dict[str, str] = {}  # instance -> why a reader gave up on its stream
+        self._callers: dict[str, _CallerReads] = {}  # instances whose consumers read the sockets
         for listener in (self._unix, self._tcp):
             threading.Thread(target=self._accept, args=(listener,), daemon=True,
                              name="rlinf-channel-accept").start()
 
-    def expect(self, instance: str, maxsize: int) -> None:
-        """Register a channel instance whose items this process receives."""
-        self._maxsize[instance] = maxsize
+    def expect(self, instance: str, maxsize: int, caller_reads: bool = False) -> None:
+        """Register a channel instance whose items this process receives.
+
+        Args:
+            instance: The channel instance.
+            maxsize: Items of it that may wait here (<= 0: unbounded); with ``caller_reads``
+                the kernel's socket buffers bound what waits instead.
+            caller_reads: Its connections get no reader thread: the thread that waits in
+                :meth:`take` reads them itself (one wake-up per message instead of two), so
+                items wait in the socket until a consumer asks.
+
+        Raises:
+            ValueError: If the instance was registered here with the other ``caller_reads``.
+        """
+        with self._cond:
+            if instance in self._maxsize and (instance in self._callers) != caller_reads:
+                raise ValueError(
+                    f"Channel instance {instance} is already received here with caller_reads="
+                    f"{not caller_reads}; bind every key of a channel in one process the same way.")
+            self._maxsize[instance] = maxsize
+            if caller_reads and instance not in self._callers:
+                self._callers[instance] = _CallerReads()
 
     def deliver(self, instance: str, key: Hashable, item: Any) -> None:
         """Add an item to the inbox (waits while the channel's share here is full)."""
         with self._cond:
-            limit = self._maxsize.get(instance, 0)
-            self._cond.wait_for(lambda: limit <= 0 or self._held[instance] < limit)
+            callers = self._callers.get(instance)
+            if callers is None:
+                limit = self._maxsize.get(instance, 0)
+                self._cond.wait_for(lambda: limit <= 0 or self._held[instance] < limit)
             self._inbox[(instance, key)].append(item)
             self._held[instance] += 1
             self._cond.notify_all()
+            if callers is not None and callers.reading:
+                callers.wake()
 
     def take(self, instance: str, key: Hashable, timeout: float | None) -> tuple[bool, Any]:
         """(True, item) in arrival order, or (False, None) after ``timeout`` seconds."""
         slot = (instance, key)
         with self._cond:
-            if not self._cond.wait_for(lambda: self._inbox[slot] or instance in self._errors, timeout):
+            if not self._wait(instance, slot, timeout):
                 return False, None
-            self._raise_failed(instance)
             item = self._inbox[slot].popleft()
             self._held[instance] -= 1
             self._cond.notify_all()
@@ -312,22 +400,108 @@ class Endpoint:
         up to ``timeout`` seconds; [] if none came."""
         slot = (instance, key)
         with self._cond:
-            if not self._cond.wait_for(lambda: self._inbox[slot] or instance in self._errors, timeout):
+            if not self._wait(instance, slot, timeout):
                 return []
-            self._raise_failed(instance)
+            callers = self._callers.get(instance)
+            if callers is not None and not callers.reading:  # what else has arrived is in the sockets
+                self._read_here(instance, None, None)
             box = self._inbox[slot]
             items = [box.popleft() for _ in range(min(limit, len(box)))]
             self._held[instance] -= len(items)
             self._cond.notify_all()
             return items
 
+    def _wait(self, instance: str, slot: tuple, timeout: float | None) -> bool:
+        """Wait (holding ``self._cond``) until ``slot`` has an item; False after ``timeout``.
+
+        Raises:
+            RuntimeError: If a stream of the instance could not be decoded.
+        """
+        box = self._inbox[slot]
+        if box:
+            return True
+        callers = self._callers.get(instance)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not box:
+            self._raise_failed(instance)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if callers is not None and not callers.reading:
+                self._read_here(instance, slot, deadline)
+            else:
+                self._cond.wait(left)
+        self._raise_failed(instance)
+        return True
+
+    def _read_here(self, instance: str, slot: tuple | None, deadline: float | None) -> None:
+        """Read a caller-read instance's connections in this thread (called holding
+        ``self._cond``, released while reading) until ``slot`` has an item or ``deadline``
+        passes; with ``slot`` None, only what has arrived already."""
+        callers = self._callers[instance]
+        callers.reading = True
+        self._cond.release()
+        try:
+            while True:
+                for stream in list(callers.streams):  # started messages first: poll cannot see them
+                    while stream in callers.streams and stream.end > stream.start:
+                        self._read_one(instance, callers, stream)
+                if slot is not None and self._inbox[slot] or instance in self._errors:
+                    return
+                if slot is None:
+                    left = 0.0
+                else:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready = callers.poll(left)
+                if not ready:
+                    if slot is None or left is not None and deadline - time.monotonic() <= 0:
+                        return
+                for stream in ready:
+                    if stream is None:
+                        callers.clear_wake()
+                    elif stream in callers.streams:
+                        self._read_one(instance, callers, stream)
+        finally:
+            self._cond.acquire()
+            callers.reading = False
+            self._cond.notify_all()  # another thread waiting on this instance may read now
+
+    def _read_one(self, instance: str, callers: "_CallerReads", stream: "_StreamReader") -> None:
+        """One message of a caller-read connection into the inbox (the connection is dropped
+        at its end, or failed like a reader thread's if it cannot be decoded)."""
+        try:
+            key, item = stream.message()
+        except (ConnectionError, EOFError, OSError):
+            callers.drop(stream)
+            return
+        except Exception as err:  # noqa: BLE001 - an undecodable item: fail the consumer's gets
+            callers.drop(stream)
+            with self._cond:
+                self._errors[instance] = self._undecodable(stream.channel, err)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._inbox[(instance, key)].append(item)
+            self._held[instance] += 1
+            self._cond.notify_all()
+
+    @staticmethod
+    def _undecodable(channel: str, err: Exception) -> str:
+        return (f"Channel {channel!r}: an item from another process could not be decoded "
+                f"({type(err).__name__}: {err}); items of its classes must be importable in the "
+                f"consumer.")
+
     def _raise_failed(self, instance: str) -> None:
         if instance in self._errors:
             raise RuntimeError(self._errors[instance])
 
     def held(self, instance: str) -> int:
-        """Items of a channel instance waiting in this process."""
+        """Items of a channel instance waiting in this process (for a caller-read instance,
+        what has arrived in its sockets is read first)."""
         with self._cond:
+            callers = self._callers.get(instance)
+            if callers is not None and not callers.reading:
+                self._read_here(instance, None, None)
             return self._held[instance]
 
     def _accept(self, listener: socket.socket) -> None:
@@ -346,6 +520,12 @@ class Endpoint:
         try:
             (n,) = _HELLO.unpack(stream.read(_HELLO.size))
             channel, instance = pickle.loads(stream.read(n))
+            stream.channel = channel
+            with self._cond:
+                callers = self._callers.get(instance)
+                if callers is not None:  # its consumers read it (see expect)
+                    callers.add(stream)
+                    return
             while True:
                 key, item = stream.message()
                 self.deliver(instance, key, item)
@@ -354,13 +534,53 @@ class Endpoint:
         except Exception as err:  # noqa: BLE001 - an undecodable item: fail the consumer's gets
             if instance is not None:
                 with self._cond:
-                    self._errors[instance] = (
-                        f"Channel {channel!r}: an item from another process could not be decoded "
-                        f"({type(err).__name__}: {err}); items of its classes must be importable "
-                        f"in the consumer.")
+                    self._errors[instance] = self._undecodable(channel, err)
                     self._cond.notify_all()
-        finally:
-            stream.close()
+        stream.close()
+
+
+class _CallerReads:
+    """The connections of one caller-read channel instance (see :meth:`Endpoint.expect`) and
+    an eventfd that wakes the thread reading them (a new connection, a same-process item)."""
+
+    def __init__(self) -> None:
+        self.streams: list[_StreamReader] = []
+        self.reading = False
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poller: Any = None
+
+    def add(self, stream: "_StreamReader") -> None:
+        self.streams.append(stream)
+        self._poller = None
+        self.wake()
+
+    def drop(self, stream: "_StreamReader") -> None:
+        if stream in self.streams:
+            self.streams.remove(stream)
+            self._poller = None
+        stream.close()
+
+    def wake(self) -> None:
+        os.eventfd_write(self._wake, 1)
+
+    def clear_wake(self) -> None:
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+
+    def poll(self, timeout: float | None) -> list:
+        """Streams readable within ``timeout`` s (None stands for the wake-up eventfd)."""
+        if self._poller is None:
+            self._poller = select.poll()
+            self._by_fd = {self._wake: None}
+            self._poller.register(self._wake, select.POLLIN)
+            for stream in self.streams:
+                fd = stream.conn.fileno()
+                self._by_fd[fd] = stream
+                self._poller.register(fd, select.POLLIN)
+        ms = None if timeout is None else max(0, int(-(-timeout * 1000 // 1)))
+        return [self._by_fd[fd] for fd, _ in self._poller.poll(ms) if fd in self._by_fd]
 
 
 class _StreamReader:
@@ -372,6 +592,8 @@ class _StreamReader:
 
     CHUNK = 256 * 1024
     DIRECT_BYTES = 64 * 1024
+    POOL_BYTES = 1 << 20
+    """Stream buffers of a message that total at most this share one allocation."""
 
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
@@ -380,6 +602,7 @@ class _StreamReader:
         self.start = self.end = 0
         self.fds: collections.deque[int] = collections.deque()
         self._anc = socket.CMSG_SPACE(MAX_FDS * 4)
+        self.channel = "?"
 
     def _fill(self) -> None:
         if self.start == self.end:
@@ -424,17 +647,36 @@ class _StreamReader:
             self.start += have
             dest = dest[have:]
 
-    def message(self) -> Any:
-        """The next (key, item) of the stream."""
-        import numpy as np
+    def _need(self, n: int) -> int:
+        """Buffer the next ``n <= CHUNK`` bytes; returns their offset in ``self.buf``."""
+        while self.end - self.start < n:
+            self._fill()
+        at = self.start
+        self.start += n
+        return at
 
-        nbuf, meta_len = _HEADER.unpack(self.read(_HEADER.size))
-        descs = self.read(nbuf * _BUFFER.size)
-        meta = self.read(meta_len)
-        buffers = []
-        for i in range(nbuf):
-            n, kind = _BUFFER.unpack_from(descs, i * _BUFFER.size)
-            if kind == 1:
+    def message(self) -> Any:
+        """The next (key, item) of the stream.
+
+        Buffers that came through the stream are received into one allocation (each at a
+        16-byte aligned offset, so every dtype is aligned) unless they are large.
+        """
+        nbuf, meta_len = _HEADER.unpack_from(self.buf, self._need(_HEADER.size))
+        descs = struct.unpack_from(f"<{nbuf}Q", self.buf, self._need(8 * nbuf)) if nbuf else ()
+        if meta_len <= self.CHUNK:
+            at = self._need(meta_len)
+            meta = self.view[at:at + meta_len]
+        else:
+            meta = self._read_large(meta_len)
+        in_stream = [d >> 1 for d in descs if not d & 1]
+        block = sum(-(-n // 16) * 16 for n in in_stream)
+        pooled = memoryview(bytearray(block)) if in_stream and block <= self.POOL_BYTES else None
+        if isinstance(meta, memoryview) and self.end - self.start < sum(in_stream):
+            meta = bytes(meta)  # reading the buffers moves the read buffer's contents
+        buffers, offset = [], 0
+        for d in descs:
+            n = d >> 1
+            if d & 1:
                 while not self.fds:  # cannot happen: the descriptors came with the header
                     self._fill()
                 fd = self.fds.popleft()
@@ -442,11 +684,17 @@ class _StreamReader:
                     mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 finally:
                     os.close(fd)
-                buffers.append(np.frombuffer(mm, dtype=np.uint8))
+                buffers.append(memoryview(mm))
+            elif pooled is not None:
+                dest = pooled[offset:offset + n]
+                offset += -(-n // 16) * 16
+                buffers.append(dest)
             else:
-                buf = np.empty(n, dtype=np.uint8)
-                self.read_into(memoryview(buf))
-                buffers.append(buf)
+                dest = memoryview(bytearray(n))
+                buffers.append(dest)
+        for d, buf in zip(descs, buffers):
+            if not d & 1:
+                self.read_into(buf)
         return decode(meta, buffers)
 
     def _read_large(self, n: int) -> bytes:

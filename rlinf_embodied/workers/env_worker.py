@@ -131,9 +131,9 @@ class EnvWorker(Worker):
         self.act_ch = Channel.connect(channels.actions)
         self.traj_ch = Channel.connect(channels.trajectories)
         self.channels = channels
-        for s in range(self.stages):  # replies come straight to this process
-            self.act_ch.bind(self._reply_key(s))
-        self.act_ch.bind(self._eval_reply_key())
+        for s in range(self.stages):  # replies come straight to this process, read by the
+            self.act_ch.bind(self._reply_key(s), caller_reads=True)  # thread that waits for them
+        self.act_ch.bind(self._eval_reply_key(), caller_reads=True)
         self.num_rollout_ranks = num_rollout_ranks
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
         self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}

@@ -51,7 +51,7 @@ class RolloutWorker(Worker):
         self.policy = build_policy(cfg.policy, SpaceSpec.from_dict(spec)).eval()
         self.version = -1
         self.obs_ch = Channel.connect(channels.obs)
-        self.obs_ch.bind(self._key)
+        self.obs_ch.bind(self._key, caller_reads=True)  # serve() reads the requests itself
         self.act_ch = Channel.connect(channels.actions)
         self.channels = channels
         self.num_env_ranks = num_env_ranks

@@ -39,10 +39,11 @@ def _same(a, b):
     return a == b
 
 
+@pytest.mark.parametrize("caller_reads", [False, True], ids=["reader-thread", "caller-reads"])
 @pytest.mark.parametrize("kind", [transport.SAME_NODE, transport.REMOTE])
-def test_framing_round_trips_every_payload_in_order(kind):
+def test_framing_round_trips_every_payload_in_order(kind, caller_reads):
     ep = transport.Endpoint("node-a", "127.0.0.1")
-    ep.expect("inst", 0)
+    ep.expect("inst", 0, caller_reads)
     sender = transport.Sender()
     items = _items()
     for i, item in enumerate(items):
@@ -51,6 +52,34 @@ def test_framing_round_trips_every_payload_in_order(kind):
     assert all(_same(a, b) for a, b in zip(items[0::2], got["k0"]))
     assert all(_same(a, b) for a, b in zip(items[1::2], got["k1"]))
     assert ep.take("inst", "k0", 0.05) == (False, None) and ep.held("inst") == 0
+    sender.forget("inst")
+
+
+def test_caller_reads_serves_every_waiting_thread_and_counts_arrivals():
+    """With caller_reads the waiting thread reads the sockets: an item for another thread's key
+    reaches that thread, what arrived counts as held and is taken together, and a channel's
+    keys cannot be bound both ways in one process."""
+    import threading
+
+    ep = transport.Endpoint("node-a", "127.0.0.1")
+    ep.expect("inst", 0, caller_reads=True)
+    sender = transport.Sender()
+    got = {}
+    waiters = [threading.Thread(target=lambda k=k: got.setdefault(k, ep.take("inst", k, 60)))
+               for k in ("a", "b")]
+    for w in waiters:
+        w.start()
+    for key, item in (("b", torch.ones(2)), ("a", "first")):
+        assert sender.send("chan", "inst", ep.address, transport.SAME_NODE, key, item, None)
+    for w in waiters:
+        w.join(60)
+    assert got["a"] == (True, "first") and torch.equal(got["b"][1], torch.ones(2))
+    for i in range(3):
+        sender.send("chan", "inst", ep.address, transport.SAME_NODE, "a", i, None)
+    wait_until(lambda: ep.held("inst") == 3, what="items to arrive")
+    assert ep.take_many("inst", "a", 10, 60) == [0, 1, 2]
+    with pytest.raises(ValueError, match="already received here with caller_reads=True"):
+        ep.expect("inst", 0, caller_reads=False)
     sender.forget("inst")
 
 
