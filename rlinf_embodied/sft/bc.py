@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rlinf_embodied.algorithms.update import is_critic_parameter
 from rlinf_embodied.sft.config import BCConfig
 from rlinf_embodied.sft.dataset import DemoDataset
 
@@ -68,7 +69,7 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
     fit_value = cfg.value_gamma is not None and getattr(policy, "value_head", None) is not None
     returns = data.returns(cfg.value_gamma) if fit_value else None
     params = [p for n, p in policy.named_parameters()
-              if fit_value or not n.startswith(("value_head", "critic_trunk"))]
+              if fit_value or not is_critic_parameter(n)]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, cfg.steps))
     gen = torch.Generator().manual_seed(cfg.seed)
