@@ -61,10 +61,12 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     """One RL update of ``policy`` on a time-major batch (T, N): advantages, then
     ``trainer.update_epochs`` x ``trainer.num_minibatches`` optimizer steps, each accumulated
     over micro-batches of ``trainer.micro_batch_size`` samples, with gradient clipping and the
-    optional ``algorithm.target_kl`` early stop (mean over ranks). Minibatch order is seeded by
-    (run seed, iteration, rank). While ``iteration < trainer.critic_warmup_iterations`` only the
-    critic's parameters (:func:`is_critic_parameter`) get gradients and optimizer steps: the
-    policy stays bit-identical while the value head fits the RL returns.
+    optional ``algorithm.target_kl`` early stop (mean over ranks); then the policy's running
+    observation statistics take in the batch (:meth:`Policy.update_obs_stats`). Minibatch order
+    is seeded by (run seed, iteration, rank). While ``iteration <
+    trainer.critic_warmup_iterations`` only the critic's parameters (:func:`is_critic_parameter`)
+    get gradients and optimizer steps and the observation statistics stay as they are: the
+    policy acts bit-identically while the value head fits the RL returns.
 
     Args:
         policy: a :class:`~rlinf_embodied.policies.Policy` (sharded or not).
@@ -166,6 +168,10 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
                 break
         if stop:
             break
+    # Running observation statistics move only between updates, so this update's ratios
+    # started at exactly 1 and the next rollout normalises with the refreshed numbers.
+    if not warmup:
+        policy.update_obs_stats(data["fi"], data["valid"])
     out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
     out["train/minibatches"] = float(count)
     out["train/critic_warmup"] = float(warmup)

@@ -99,6 +99,8 @@ class ActorWorker(Worker):
             return None
         if trainable_only:
             names = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+            # running observation statistics change every update, like trainable weights
+            names |= {n for n, _ in self.policy.named_buffers() if ".obs_norm." in f".{n}"}
             sd = {k: v for k, v in sd.items() if k in names}
         return sd
 

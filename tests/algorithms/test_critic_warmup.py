@@ -27,10 +27,11 @@ def _batch(policy, seed=0):
     }
 
 
-def _setup(shared_critic=False):
+def _setup(shared_critic=False, normalize_obs=False):
     torch.manual_seed(0)
     spec = SpaceSpec(action_low=(-1.0, -1.0), action_high=(1.0, 1.0), state_dim=3)
-    policy = build_policy(MLPPolicyConfig(hidden_sizes=[16], shared_critic=shared_critic), spec)
+    policy = build_policy(MLPPolicyConfig(hidden_sizes=[16], shared_critic=shared_critic,
+                                          normalize_obs=normalize_obs), spec)
     cfg = load_config(None, ["policy.type=mlp", "trainer.iterations=5",
                              "trainer.critic_warmup_iterations=2", "trainer.update_epochs=2",
                              "trainer.num_minibatches=2", "algorithm.target_kl=null"])
@@ -38,27 +39,27 @@ def _setup(shared_critic=False):
     return policy, cfg, opt
 
 
-@pytest.mark.parametrize("shared_critic", [False, True])
-def test_warmup_freezes_the_policy_and_fits_the_value_head(shared_critic):
-    policy, cfg, opt = _setup(shared_critic)
+@pytest.mark.parametrize("shared_critic,normalize_obs", [(False, False), (True, True)])
+def test_warmup_freezes_the_policy_and_fits_the_value_head(shared_critic, normalize_obs):
+    policy, cfg, opt = _setup(shared_critic, normalize_obs)
     batch = _batch(policy)
-    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in policy.state_dict().items()}
     critic = {n for n in before if is_critic_parameter(n)}
     assert critic and critic != set(before)
     m = update_policy(policy, opt, batch, cfg, iteration=1)  # iterations 0 and 1 warm up
     assert m["train/critic_warmup"] == 1.0 and m["train/approx_kl"] == 0.0
-    for n, p in policy.named_parameters():
+    for n, p in policy.state_dict().items():
         if n in critic:
             assert not torch.equal(p, before[n]), n
-        else:
-            assert torch.equal(p, before[n]), n  # bit-identical, weight decay included
+        else:  # bit-identical: weights (weight decay included) and observation statistics
+            assert torch.equal(p, before[n]), n
     # the critic learns: a second warm-up update on the same batch starts from a lower loss
     m2 = update_policy(policy, opt, batch, cfg, iteration=0)
     assert m2["train/value_loss"] < m["train/value_loss"]
     # after the warm-up the policy trains too
     m3 = update_policy(policy, opt, batch, cfg, iteration=2)
     assert m3["train/critic_warmup"] == 0.0
-    moved = [n for n, p in policy.named_parameters() if n not in critic
+    moved = [n for n, p in policy.state_dict().items() if n not in critic
              and not torch.equal(p, before[n])]
     assert moved
 
