@@ -18,7 +18,7 @@ from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
 __all__ = ["CRITIC_MODULES", "compute_advantages", "is_critic_parameter", "lr_lambda",
-           "update_policy"]
+           "param_groups", "update_policy"]
 
 CRITIC_MODULES = ("value_head", "critic_trunk")
 """Names of the critic's submodules in the built-in policies (a parameter belongs to the critic
@@ -29,6 +29,17 @@ def is_critic_parameter(name: str) -> bool:
     """True for a parameter of the critic (value head or separate critic trunk), given its
     ``named_parameters`` name (wrapper prefixes are allowed)."""
     return any(part in CRITIC_MODULES for part in name.split("."))
+
+
+def param_groups(policy, trainer) -> list[dict]:
+    """Optimizer parameter groups of ``policy``'s trainable parameters: one at ``trainer.lr``,
+    or, with ``trainer.critic_lr`` set, the actor's at ``trainer.lr`` then the critic's
+    (:func:`is_critic_parameter`) at ``trainer.critic_lr``."""
+    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    if getattr(trainer, "critic_lr", None) is None:
+        return [{"params": [p for _, p in named], "lr": trainer.lr}]
+    return [{"params": [p for n, p in named if not is_critic_parameter(n)], "lr": trainer.lr},
+            {"params": [p for n, p in named if is_critic_parameter(n)], "lr": trainer.critic_lr}]
 
 
 def lr_lambda(schedule: str, total_iterations: int) -> Callable[[int], float]:

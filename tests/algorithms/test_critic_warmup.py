@@ -74,3 +74,25 @@ def test_warmup_needs_a_critic_and_fits_in_the_run():
         update_policy(policy, torch.optim.Adam(policy.parameters()), {}, cfg, iteration=0)
     with pytest.raises(ConfigError, match="critic_warmup_iterations"):
         load_config(None, ["trainer.iterations=3", "trainer.critic_warmup_iterations=3"])
+
+
+def test_critic_lr_gives_the_critic_its_own_rate():
+    from rlinf_embodied.algorithms.update import param_groups
+
+    policy, cfg, _ = _setup()
+    cfg.trainer.critic_lr, cfg.trainer.lr = 1e-4, 3e-6
+    groups = param_groups(policy, cfg.trainer)
+    assert [g["lr"] for g in groups] == [3e-6, 1e-4]
+    names = {id(p): n for n, p in policy.named_parameters()}
+    assert all(is_critic_parameter(names[id(p)]) for p in groups[1]["params"])
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(names)
+    opt = torch.optim.Adam(groups, lr=cfg.trainer.lr)
+    cfg.trainer.update_epochs, cfg.trainer.num_minibatches = 1, 1
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    update_policy(policy, opt, _batch(policy), cfg, iteration=2)  # after the warm-up
+    step = {c: max(float((p.detach() - before[n]).abs().max()) for n, p in policy.named_parameters()
+                   if is_critic_parameter(n) == c) for c in (False, True)}
+    # Adam's first step moves a weight by at most lr (|m / sqrt(v)| <= 1; float32 rounding)
+    assert 1.5e-6 < step[False] <= 3e-6 * 1.05 and 5e-5 < step[True] <= 1e-4 * 1.05
+    cfg.trainer.critic_lr = None
+    assert [g["lr"] for g in param_groups(policy, cfg.trainer)] == [3e-6]
