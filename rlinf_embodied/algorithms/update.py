@@ -18,7 +18,7 @@ from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
 __all__ = ["CRITIC_MODULES", "compute_advantages", "is_critic_parameter", "lr_lambda",
-           "param_groups", "update_policy"]
+           "make_optimizer", "param_groups", "update_policy"]
 
 CRITIC_MODULES = ("value_head", "critic_trunk")
 """Names of the critic's submodules in the built-in policies (a parameter belongs to the critic
@@ -36,10 +36,24 @@ def param_groups(policy, trainer) -> list[dict]:
     or, with ``trainer.critic_lr`` set, the actor's at ``trainer.lr`` then the critic's
     (:func:`is_critic_parameter`) at ``trainer.critic_lr``."""
     named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-    if getattr(trainer, "critic_lr", None) is None:
+    if trainer.critic_lr is None:
         return [{"params": [p for _, p in named], "lr": trainer.lr}]
     return [{"params": [p for n, p in named if not is_critic_parameter(n)], "lr": trainer.lr},
             {"params": [p for n, p in named if is_critic_parameter(n)], "lr": trainer.critic_lr}]
+
+
+def make_optimizer(policy, trainer):
+    """The RL optimizer of ``policy`` and its LR schedule, as every training loop builds them:
+    Adam (eps 1e-5, CleanRL / ManiSkill PPO) over :func:`param_groups`, and a ``LambdaLR`` of
+    :func:`lr_lambda` stepped once per iteration.
+
+    Returns:
+        ``(optimizer, scheduler)``.
+    """
+    optimizer = torch.optim.Adam(param_groups(policy, trainer), lr=trainer.lr, eps=1e-5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(trainer.lr_schedule, trainer.iterations))
+    return optimizer, scheduler
 
 
 def lr_lambda(schedule: str, total_iterations: int) -> Callable[[int], float]:
@@ -101,7 +115,7 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
 
     t = cfg.trainer
     frozen = []
-    warmup = iteration < getattr(t, "critic_warmup_iterations", 0)
+    warmup = iteration < t.critic_warmup_iterations
     if warmup:
         named = list(policy.named_parameters())
         frozen = [p for n, p in named if not is_critic_parameter(n)]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlinf_embodied.algorithms.update import lr_lambda, param_groups, update_policy
+from rlinf_embodied.algorithms.update import make_optimizer, param_groups, update_policy
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 from rlinf_embodied.workers.env_worker import ChannelNames, cat_env_axis
@@ -78,10 +78,7 @@ class ActorWorker(Worker):
         fully_shard(self.policy, **kw)
         for name in ("evaluate", "act", "predict_values"):
             register_fsdp_forward_method(self.policy, name)
-        self.optimizer = torch.optim.Adam(param_groups(self.policy, t), lr=t.lr, eps=1e-5)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.lr_schedule, t.iterations)
-        )
+        self.optimizer, self.scheduler = make_optimizer(self.policy, t)
         if checkpoint:
             self._load_training_state(Path(checkpoint))
         return self.version
