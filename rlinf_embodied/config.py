@@ -461,6 +461,13 @@ class JobConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic, preemptible rollout workers (rlinf_embodied/elastic/config.py)."""
 
+    def __post_init__(self):
+        if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
+            raise ConfigError(
+                "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
+                "policy.critic=true or trainer.critic_warmup_iterations=0."
+            )
+
 
 # Sections whose dataclass is chosen by their ``type`` key.
 _POLYMORPHIC = {"env", "policy"}

@@ -68,7 +68,7 @@ def test_warmup_needs_a_critic_and_fits_in_the_run():
     torch.manual_seed(0)
     spec = SpaceSpec(action_low=(-1.0,), action_high=(1.0,), state_dim=3)
     policy = build_policy(MLPPolicyConfig(hidden_sizes=[8], critic=False), spec)
-    cfg = load_config(None, ["policy.type=mlp", "policy.critic=false", "algorithm.advantage=grpo",
+    cfg = load_config(None, ["policy.type=mlp", "algorithm.advantage=grpo",
                              "trainer.iterations=3", "trainer.critic_warmup_iterations=1"])
     with pytest.raises(ValueError, match="no critic parameters"):
         update_policy(policy, torch.optim.Adam(policy.parameters()), {}, cfg, iteration=0)
@@ -96,3 +96,8 @@ def test_critic_lr_gives_the_critic_its_own_rate():
     assert 1.5e-6 < step[False] <= 3e-6 * 1.05 and 5e-5 < step[True] <= 1e-4 * 1.05
     cfg.trainer.critic_lr = None
     assert [g["lr"] for g in param_groups(policy, cfg.trainer)] == [3e-6]
+
+
+def test_config_rejects_a_warmup_without_a_critic():
+    with pytest.raises(ConfigError, match="needs a critic to warm up"):
+        load_config("configs/maniskill_pushcube_grpo_mlp.yaml", ["trainer.critic_warmup_iterations=1"])
