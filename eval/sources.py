@@ -13,6 +13,12 @@ SOURCE is one of:
   training run (``checkpoints/iter_*/``, policy files in it or in its ``policy/``), or a run
   directory (its latest complete checkpoint).
 
+A Policy-like source acts in the protocol's ``policy_mode``: ``greedy`` (the distribution's
+mode) or ``sample`` (draws from the distribution with a torch random stream of its own, seeded
+by the protocol's ``global_seed``, so a sampled evaluation repeats exactly for a given
+``num_envs``; the noise of a slot depends on which trials share its batch, so unlike greedy
+results, sampled ones may change with ``num_envs``). ``random`` ignores the mode.
+
 Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
 of the factory's module source, or of the word ``random``.
 """
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+from rlinf_embodied.eval.protocols import POLICY_MODES
 
 __all__ = ["PolicyContext", "LoadedPolicy", "PolicySourceError", "resolve_policy", "hash_files",
            "find_checkpoint"]
@@ -72,7 +79,9 @@ class LoadedPolicy:
     """A resolved ``--policy``.
 
     Attributes:
-        act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units.
+        act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units: the policy's
+            greedy actions, or actions drawn from its distribution when the protocol's
+            ``policy_mode`` is ``sample`` (seeded by the protocol's ``global_seed``).
         source: the SOURCE string as given.
         kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
         sha256: hash of the checkpoint files / factory source (hex).
@@ -140,19 +149,59 @@ def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarr
     return act
 
 
-def _greedy(policy: Any) -> Callable[[Mapping[str, Any]], Any]:
-    """``obs -> actions`` of a Policy-like object (greedy mode, no gradient)."""
+def _policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[Mapping[str, Any]], Any]:
+    """``obs -> actions`` of a Policy-like object, in eval mode and without gradient.
+
+    Args:
+        policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
+        mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
+        seed: ``sample`` only: seed of the policy's own torch random stream. Every call runs
+            inside :func:`torch.random.fork_rng` with that stream's state (CPU, plus the CUDA
+            device the policy is on), so the drawn actions depend only on ``seed`` and the
+            sequence of observation batches, not on other users of torch's global generator.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
+    """
     import torch
 
+    if mode not in POLICY_MODES:
+        raise ValueError(f"policy_mode must be one of {', '.join(POLICY_MODES)} (got {mode!r}).")
     if hasattr(policy, "eval"):
         policy.eval()
+    if mode == "greedy":
+        def act(obs: Mapping[str, Any]) -> Any:
+            with torch.no_grad():
+                out = policy.act(obs, mode="greedy")
+            return _as_chunk(getattr(out, "actions", out))
 
-    def act(obs: Mapping[str, Any]) -> Any:
-        with torch.no_grad():
-            out = policy.act(obs, mode="greedy")
+        return act
+
+    device = torch.device(getattr(policy, "device", "cpu"))
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    state: Dict[str, Any] = {}
+
+    def sample(obs: Mapping[str, Any]) -> Any:
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"), torch.no_grad():
+            if not state:
+                torch.manual_seed(seed)
+            else:
+                torch.set_rng_state(state["cpu"])
+                if cuda:
+                    torch.cuda.set_rng_state(state["cuda"], cuda[0])
+            out = policy.act(obs, mode="sample")
+            state["cpu"] = torch.get_rng_state()
+            if cuda:
+                state["cuda"] = torch.cuda.get_rng_state(cuda[0])
         return _as_chunk(getattr(out, "actions", out))
 
-    return act
+    return sample
+
+
+def _mode_of(ctx: PolicyContext) -> tuple:
+    """``(policy_mode, seed)`` of the evaluation's protocol (``greedy`` when it has none)."""
+    p = ctx.protocol
+    return getattr(p, "policy_mode", "greedy"), int(getattr(p, "global_seed", 0))
 
 
 def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
@@ -184,8 +233,15 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
         for p in inspect.signature(fn).parameters.values()
     )
     made = fn(ctx) if takes_ctx else fn()
+    mode, seed = _mode_of(ctx)
     if hasattr(made, "act"):
-        act = _greedy(made)
+        act = _policy_act(made, mode, seed)
+    elif mode != "greedy":
+        raise PolicySourceError(
+            f"Protocol policy_mode {mode} draws actions from the policy's distribution, but "
+            f"{source} returned a plain obs -> actions function, which has none; return an "
+            "object with act(obs, mode) or evaluate with --policy-mode greedy."
+        )
     elif callable(made):
         act = lambda obs: _as_chunk(made(obs))  # noqa: E731
     else:
@@ -276,7 +332,7 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
             f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
             "trained on."
         )
-    return LoadedPolicy(_greedy(policy), source, "checkpoint", hash_files(ckpt), str(ckpt),
+    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
                         needs_images=have.image_shape is not None, execution=_execution(policy))
 
 
@@ -416,7 +472,7 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
         raise PolicySourceError(f"Cannot build the {kind} policy from {path}: {e}") from None
     execution = dict(policy.execution())
     execution.update({k: getattr(cfg, k) for k in ("use_wrist_image", "use_proprio") if k in fields})
-    return LoadedPolicy(_greedy(policy), source, kind, hash_files(path), str(path),
+    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, kind, hash_files(path), str(path),
                         execution=execution)
 
 
