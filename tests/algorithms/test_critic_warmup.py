@@ -187,3 +187,4 @@ def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act():
         assert critic < moved and "actor_trunk.0.weight" in moved
     finally:
         dist.destroy_process_group()
+
