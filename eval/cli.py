@@ -65,7 +65,12 @@ def eval_command(
     policy: Optional[str] = typer.Option(
         None, "--policy",
         help="Run or checkpoint directory, published OpenVLA/OFT directory, 'random', or "
-             "module:function."),
+             "module:function. A run directory means its latest checkpoint (see --checkpoint)."),
+    checkpoint: str = typer.Option(
+        "latest", "--checkpoint",
+        help="Which checkpoint of a run directory: latest (the newest complete one) or best "
+             "(checkpoints/best: the policy of the run's best in-training evaluation, on seeds "
+             "from eval.seed_offset, not the protocol's)."),
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="Protocol name (default: openvla_v1 / maniskill_fair_v1 / "
                                  "seeded_v1); see `eval protocols`."),
@@ -116,7 +121,7 @@ def eval_command(
             tasks=parse_tasks(tasks), trials_per_task=trials_per_task, num_envs=num_envs,
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
-            policy_mode=policy_mode, policy_type=policy_type, device=device, reports=report, progress=progress,
+            policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
         )
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:

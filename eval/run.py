@@ -94,6 +94,9 @@ class EvalRequest:
         image_size: overrides the protocol's image size (recorded likewise).
         policy_mode: overrides the protocol's ``policy_mode``: ``greedy`` or ``sample``
             (recorded likewise).
+        checkpoint: which checkpoint of a training run directory ``policy`` is: ``latest``
+            (the newest complete one) or ``best`` (``checkpoints/best``, the best in-training
+            evaluation so far).
         policy_type: the policy type the checkpoint must hold (``mlp``, ``openvla_oft`` ...).
         device: torch device of the policy; None = ``cuda`` when available, else ``cpu``.
         reports: write the ``.md`` / ``.png`` / ``.html`` reports at the end.
@@ -119,6 +122,7 @@ class EvalRequest:
     num_settle_steps: Optional[int] = None
     image_size: Optional[int] = None
     policy_mode: Optional[str] = None
+    checkpoint: str = "latest"
     policy_type: Optional[str] = None
     device: Optional[str] = None
     reports: bool = True
@@ -570,7 +574,8 @@ def _auto_obs_mode(req: EvalRequest) -> str:
         from rlinf_embodied.policies.registry import SPEC_FILE
 
         try:
-            spec = yaml.safe_load((find_checkpoint(path) / SPEC_FILE).read_text()) or {}
+            spec = yaml.safe_load((find_checkpoint(path, req.checkpoint) / SPEC_FILE)
+                                  .read_text()) or {}
         except (OSError, ValueError):
             return "rgb"
         return "rgb" if spec.get("image_shape") else "state"
@@ -692,7 +697,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
             suite=req.suite, env_id=req.task, protocol=protocol, device=device,
             obs_shapes=dict(getattr(getattr(env, "spec", None), "obs_shapes", {}) or {}),
         )
-        policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type)
+        policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type,
+                                checkpoint=req.checkpoint)
         header = {
             "env": req.env,
             "suite": req.suite,

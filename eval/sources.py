@@ -11,7 +11,8 @@ SOURCE is one of:
   the protocol's VLA conventions (un-normalisation key, gripper mapping);
 * a policy checkpoint written by ``save_policy`` (``policy.yaml``), a checkpoint directory of a
   training run (``checkpoints/iter_*/``, policy files in it or in its ``policy/``), or a run
-  directory (its latest complete checkpoint).
+  directory: its latest complete checkpoint (``checkpoints/latest``), or with
+  ``--checkpoint best`` ``checkpoints/best`` (the policy of the run's best evaluation).
 
 A Policy-like source acts in the protocol's ``policy_mode``: ``greedy`` (the distribution's
 mode) or ``sample`` (draws from the distribution with a torch random stream of its own, seeded
@@ -38,7 +39,7 @@ import numpy as np
 from rlinf_embodied.eval.protocols import POLICY_MODES
 
 __all__ = ["PolicyContext", "LoadedPolicy", "PolicySourceError", "resolve_policy", "hash_files",
-           "find_checkpoint"]
+           "find_checkpoint", "RUN_CHECKPOINTS"]
 
 
 class PolicySourceError(ValueError):
@@ -252,23 +253,52 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
     return LoadedPolicy(act, source, "callable", sha)
 
 
-def find_checkpoint(path: Path) -> Path:
+RUN_CHECKPOINTS = ("latest", "best")
+"""Which checkpoint of a training run directory ``--policy`` takes (``--checkpoint``)."""
+
+
+def find_checkpoint(path: Path, which: str = "latest") -> Path:
     """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
 
     Accepts the directory itself, a checkpoint directory holding it (or a ``policy/``
-    subdirectory), or a run directory (its latest complete checkpoint).
+    subdirectory), or a run directory: its latest complete checkpoint (``which="latest"``,
+    ``checkpoints/latest``) or the one with the best in-training evaluation
+    (``which="best"``, ``checkpoints/best``, written at each evaluation whose
+    ``success_once`` is at least the best so far).
 
     Raises:
-        PolicySourceError: when none of these is found; lists what was looked for.
+        PolicySourceError: when none of these is found (lists what was looked for); ``which``
+            not in :data:`RUN_CHECKPOINTS`; ``which="best"`` for a path that is no run
+            directory or a run without ``checkpoints/best``.
     """
     from rlinf_embodied.policies.registry import CONFIG_FILE
 
-    from rlinf_embodied.checkpoint import latest_checkpoint
+    from rlinf_embodied.checkpoint import checkpoint_problem, latest_checkpoint
 
-    candidates: List[Path] = [path, path / "policy"]
-    latest = latest_checkpoint(path) if (path / "checkpoints").is_dir() else None
-    if latest is not None:
-        candidates += [latest, latest / "policy"]
+    if which not in RUN_CHECKPOINTS:
+        raise PolicySourceError(
+            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}).")
+    is_run = (path / "checkpoints").is_dir()
+    if which == "best":
+        best = path / "checkpoints" / "best"
+        if not is_run:
+            raise PolicySourceError(
+                f"--checkpoint best selects a checkpoint of a training run directory, but {path} "
+                "has no checkpoints/; pass the run directory, or drop --checkpoint.")
+        if not best.is_dir():
+            raise PolicySourceError(
+                f"The run {path} has no checkpoints/best yet (the run writes it at its "
+                "evaluations, every eval.interval iterations); use --checkpoint latest.")
+        problem = checkpoint_problem(best)
+        if problem is not None:
+            raise PolicySourceError(f"{problem}; use --checkpoint latest.")
+        candidates: List[Path] = [best, best / "policy"]
+        latest = best
+    else:
+        candidates = [path, path / "policy"]
+        latest = latest_checkpoint(path) if is_run else None
+        if latest is not None:
+            candidates += [latest, latest / "policy"]
     for c in candidates:
         if (c / CONFIG_FILE).is_file():
             return c
@@ -309,10 +339,10 @@ def _execution(policy: Any) -> Dict[str, Any]:
 
 
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
-                     expected_type: Optional[str]) -> LoadedPolicy:
+                     expected_type: Optional[str], which: str = "latest") -> LoadedPolicy:
     from rlinf_embodied.policies.registry import PolicyCheckpointError, load_policy
 
-    ckpt = find_checkpoint(path)
+    ckpt = find_checkpoint(path, which)
     try:
         policy = load_policy(ckpt, expected_type=expected_type, map_location=ctx.device)
     except PolicyCheckpointError as e:
@@ -477,25 +507,36 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
 
 
 def resolve_policy(source: str, ctx: PolicyContext,
-                   expected_type: Optional[str] = None) -> LoadedPolicy:
+                   expected_type: Optional[str] = None, checkpoint: str = "latest") -> LoadedPolicy:
     """Turn ``--policy SOURCE`` into a :class:`LoadedPolicy` (see the module docstring).
 
     Args:
         source: ``random``, ``module:function``, or a directory.
         ctx: the evaluation's :class:`PolicyContext`.
         expected_type: ``--policy-type``: the policy type the checkpoint must hold, or None.
+        checkpoint: ``--checkpoint``: which checkpoint of a training run directory,
+            ``latest`` or ``best`` (:func:`find_checkpoint`); ``best`` needs a run directory.
 
     Raises:
         PolicySourceError: a missing path, a directory that is no checkpoint, a checkpoint of
-            another type than ``expected_type`` or for another env, an unimportable factory.
+            another type than ``expected_type`` or for another env, an unimportable factory,
+            ``checkpoint="best"`` for a source that is no run directory.
     """
+    path = Path(source).expanduser()
+    if checkpoint != "latest" and not (path.is_dir() and not (path / "config.json").is_file()):
+        if checkpoint not in RUN_CHECKPOINTS:
+            raise PolicySourceError(
+                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}).")
+        raise PolicySourceError(
+            f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
+            f"--policy {source} is none. Pass a run directory or drop --checkpoint."
+        )
     if source == "random":
         if expected_type not in (None, "random"):
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
         sha = hashlib.sha256(b"random").hexdigest()
         return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
                             execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1})
-    path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
             raise PolicySourceError(
@@ -504,7 +545,7 @@ def resolve_policy(source: str, ctx: PolicyContext,
             )
         if (path / "config.json").is_file():
             return _load_vla(path, source, ctx, expected_type)
-        return _load_checkpoint(path, source, ctx, expected_type)
+        return _load_checkpoint(path, source, ctx, expected_type, checkpoint)
     if ":" in source and not source.startswith((".", "/", "~")):
         return _load_callable(source, ctx)
     raise PolicySourceError(
