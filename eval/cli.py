@@ -65,14 +65,20 @@ def eval_command(
     policy: Optional[str] = typer.Option(
         None, "--policy",
         help="Run or checkpoint directory, published OpenVLA/OFT directory, 'random', or "
-             "module:function."),
+             "module:function. A run directory means its latest checkpoint (see --checkpoint)."),
+    checkpoint: str = typer.Option(
+        "latest", "--checkpoint",
+        help="Which checkpoint of a run directory: latest (the newest complete one) or best "
+             "(checkpoints/best: the policy of the run's best in-training evaluation, on seeds "
+             "from eval.seed_offset, not the protocol's)."),
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="Protocol name (default: openvla_v1 / maniskill_fair_v1 / "
                                  "seeded_v1); see `eval protocols`."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="LIBERO task ids: 0,3 or 0-4 (default all)."),
     trials_per_task: Optional[int] = typer.Option(
         None, "--trials-per-task", help="Trials 0..n-1 of each task (default: the protocol's)."),
-    num_envs: int = typer.Option(8, "--num-envs", help="Envs run concurrently (results do not depend on it)."),
+    num_envs: int = typer.Option(
+        8, "--num-envs", help="Envs run concurrently (greedy results do not depend on it)."),
     num_processes: Optional[int] = typer.Option(
         None, "--num-processes", help="Env pool processes (default min(num_envs, CPUs); 0 = in-process)."),
     video: str = typer.Option("none", "--video", help="none, failures or all."),
@@ -82,6 +88,10 @@ def eval_command(
     num_settle_steps: Optional[int] = typer.Option(
         None, "--num-settle-steps", help="Override the protocol's settle steps (recorded)."),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="Override the protocol's image size (recorded)."),
+    policy_mode: Optional[str] = typer.Option(
+        None, "--policy-mode",
+        help="greedy (the distribution's mode, every protocol's default) or sample (draws from "
+             "it as RL rollouts do, seeded by the protocol's global_seed); recorded."),
     policy_type: Optional[str] = typer.Option(
         None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
@@ -111,7 +121,7 @@ def eval_command(
             tasks=parse_tasks(tasks), trials_per_task=trials_per_task, num_envs=num_envs,
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
-            policy_type=policy_type, device=device, reports=report, progress=progress,
+            policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
         )
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:

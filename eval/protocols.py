@@ -49,6 +49,7 @@ __all__ = [
     "LIBERO_SUITES",
     "OPENVLA_SETTLE_ACTION",
     "ZERO_ACTION",
+    "POLICY_MODES",
 ]
 
 
@@ -68,6 +69,9 @@ OPENVLA_SETTLE_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 
 ZERO_ACTION = (0.0,) * 7
 """All-zero settle action (LIBERO's own eval, RLinf)."""
+
+POLICY_MODES = ("greedy", "sample")
+"""Values of :attr:`Protocol.policy_mode`: the distribution's mode, or draws from it."""
 
 _LIBERO_STACK = {"mujoco": "==3.3.2", "robosuite": ">=1.4,<1.5"}
 
@@ -115,7 +119,9 @@ class Protocol:
         ignore_terminations: run every episode to ``max_steps`` and score success_once and
             success_at_end (ManiSkill fair evaluation); False ends an episode at its first
             done, which for LIBERO is success.
-        policy_mode: ``greedy`` (the distribution's mode) or ``sample``.
+        policy_mode: ``greedy`` (the distribution's mode) or ``sample`` (actions drawn from the
+            policy's distribution, as RL rollouts take them, with a torch random stream seeded
+            by ``global_seed``; see :mod:`rlinf_embodied.eval.sources`).
         vla_conventions: policy config fields applied when a published OpenVLA/OFT checkpoint
             is evaluated (``unnorm_key``: templates with ``{suite}`` tried in order); empty for none.
         requires: distribution name -> PEP 440 specifier of the simulator stack.
@@ -194,6 +200,9 @@ class Protocol:
             changes["max_steps"] = {"*": changes["max_steps"]}
         if "settle_action" in changes and changes["settle_action"] is not None:
             changes["settle_action"] = tuple(float(a) for a in changes["settle_action"])
+        if "policy_mode" in changes and changes["policy_mode"] not in POLICY_MODES:
+            raise ProtocolError(f"policy_mode must be one of {', '.join(POLICY_MODES)} "
+                                f"(got {changes['policy_mode']!r}).")
         for k in ("trials_per_task", "num_settle_steps"):
             if k in changes and int(changes[k]) < (1 if k == "trials_per_task" else 0):
                 raise ProtocolError(f"{k} must be >= {1 if k == 'trials_per_task' else 0} "

@@ -82,7 +82,8 @@ class EvalRequest:
         protocol: protocol name; None takes :data:`DEFAULT_PROTOCOLS` of the family.
         tasks: LIBERO task ids of the suite; None evaluates every task.
         trials_per_task: overrides the protocol's count (selects trials 0..n-1).
-        num_envs: N, envs run concurrently (results do not depend on it).
+        num_envs: N, envs run concurrently (greedy results do not depend on it; sampled ones
+            draw their noise per batch).
         num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
         video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
         output: results JSON path.
@@ -91,6 +92,11 @@ class EvalRequest:
         max_steps: overrides the protocol's max steps (recorded; changes the protocol id).
         num_settle_steps: overrides the protocol's settle steps (recorded likewise).
         image_size: overrides the protocol's image size (recorded likewise).
+        policy_mode: overrides the protocol's ``policy_mode``: ``greedy`` or ``sample``
+            (recorded likewise).
+        checkpoint: which checkpoint of a training run directory ``policy`` is: ``latest``
+            (the newest complete one) or ``best`` (``checkpoints/best``, the best in-training
+            evaluation so far).
         policy_type: the policy type the checkpoint must hold (``mlp``, ``openvla_oft`` ...).
         device: torch device of the policy; None = ``cuda`` when available, else ``cpu``.
         reports: write the ``.md`` / ``.png`` / ``.html`` reports at the end.
@@ -115,6 +121,8 @@ class EvalRequest:
     max_steps: Optional[int] = None
     num_settle_steps: Optional[int] = None
     image_size: Optional[int] = None
+    policy_mode: Optional[str] = None
+    checkpoint: str = "latest"
     policy_type: Optional[str] = None
     device: Optional[str] = None
     reports: bool = True
@@ -566,7 +574,8 @@ def _auto_obs_mode(req: EvalRequest) -> str:
         from rlinf_embodied.policies.registry import SPEC_FILE
 
         try:
-            spec = yaml.safe_load((find_checkpoint(path) / SPEC_FILE).read_text()) or {}
+            spec = yaml.safe_load((find_checkpoint(path, req.checkpoint) / SPEC_FILE)
+                                  .read_text()) or {}
         except (OSError, ValueError):
             return "rgb"
         return "rgb" if spec.get("image_shape") else "state"
@@ -621,6 +630,7 @@ def resolve_protocol(req: EvalRequest) -> Protocol:
     return protocol.with_overrides(
         trials_per_task=req.trials_per_task, max_steps=req.max_steps,
         num_settle_steps=req.num_settle_steps, image_size=req.image_size,
+        policy_mode=req.policy_mode,
     )
 
 
@@ -687,7 +697,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
             suite=req.suite, env_id=req.task, protocol=protocol, device=device,
             obs_shapes=dict(getattr(getattr(env, "spec", None), "obs_shapes", {}) or {}),
         )
-        policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type)
+        policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type,
+                                checkpoint=req.checkpoint)
         header = {
             "env": req.env,
             "suite": req.suite,

@@ -11,7 +11,14 @@ SOURCE is one of:
   the protocol's VLA conventions (un-normalisation key, gripper mapping);
 * a policy checkpoint written by ``save_policy`` (``policy.yaml``), a checkpoint directory of a
   training run (``checkpoints/iter_*/``, policy files in it or in its ``policy/``), or a run
-  directory (its latest complete checkpoint).
+  directory: its latest complete checkpoint (``checkpoints/latest``), or with
+  ``--checkpoint best`` ``checkpoints/best`` (the policy of the run's best evaluation).
+
+A Policy-like source acts in the protocol's ``policy_mode``: ``greedy`` (the distribution's
+mode) or ``sample`` (draws from the distribution with a torch random stream of its own, seeded
+by the protocol's ``global_seed``, so a sampled evaluation repeats exactly for a given
+``num_envs``; the noise of a slot depends on which trials share its batch, so unlike greedy
+results, sampled ones may change with ``num_envs``). ``random`` ignores the mode.
 
 Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
 of the factory's module source, or of the word ``random``.
@@ -29,9 +36,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+from rlinf_embodied.eval.protocols import POLICY_MODES
 
 __all__ = ["PolicyContext", "LoadedPolicy", "PolicySourceError", "resolve_policy", "hash_files",
-           "find_checkpoint"]
+           "find_checkpoint", "RUN_CHECKPOINTS"]
 
 
 class PolicySourceError(ValueError):
@@ -72,7 +80,9 @@ class LoadedPolicy:
     """A resolved ``--policy``.
 
     Attributes:
-        act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units.
+        act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units: the policy's
+            greedy actions, or actions drawn from its distribution when the protocol's
+            ``policy_mode`` is ``sample`` (seeded by the protocol's ``global_seed``).
         source: the SOURCE string as given.
         kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
         sha256: hash of the checkpoint files / factory source (hex).
@@ -140,19 +150,59 @@ def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarr
     return act
 
 
-def _greedy(policy: Any) -> Callable[[Mapping[str, Any]], Any]:
-    """``obs -> actions`` of a Policy-like object (greedy mode, no gradient)."""
+def _policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[Mapping[str, Any]], Any]:
+    """``obs -> actions`` of a Policy-like object, in eval mode and without gradient.
+
+    Args:
+        policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
+        mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
+        seed: ``sample`` only: seed of the policy's own torch random stream. Every call runs
+            inside :func:`torch.random.fork_rng` with that stream's state (CPU, plus the CUDA
+            device the policy is on), so the drawn actions depend only on ``seed`` and the
+            sequence of observation batches, not on other users of torch's global generator.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
+    """
     import torch
 
+    if mode not in POLICY_MODES:
+        raise ValueError(f"policy_mode must be one of {', '.join(POLICY_MODES)} (got {mode!r}).")
     if hasattr(policy, "eval"):
         policy.eval()
+    if mode == "greedy":
+        def act(obs: Mapping[str, Any]) -> Any:
+            with torch.no_grad():
+                out = policy.act(obs, mode="greedy")
+            return _as_chunk(getattr(out, "actions", out))
 
-    def act(obs: Mapping[str, Any]) -> Any:
-        with torch.no_grad():
-            out = policy.act(obs, mode="greedy")
+        return act
+
+    device = torch.device(getattr(policy, "device", "cpu"))
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    state: Dict[str, Any] = {}
+
+    def sample(obs: Mapping[str, Any]) -> Any:
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"), torch.no_grad():
+            if not state:
+                torch.manual_seed(seed)
+            else:
+                torch.set_rng_state(state["cpu"])
+                if cuda:
+                    torch.cuda.set_rng_state(state["cuda"], cuda[0])
+            out = policy.act(obs, mode="sample")
+            state["cpu"] = torch.get_rng_state()
+            if cuda:
+                state["cuda"] = torch.cuda.get_rng_state(cuda[0])
         return _as_chunk(getattr(out, "actions", out))
 
-    return act
+    return sample
+
+
+def _mode_of(ctx: PolicyContext) -> tuple:
+    """``(policy_mode, seed)`` of the evaluation's protocol (``greedy`` when it has none)."""
+    p = ctx.protocol
+    return getattr(p, "policy_mode", "greedy"), int(getattr(p, "global_seed", 0))
 
 
 def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
@@ -184,8 +234,15 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
         for p in inspect.signature(fn).parameters.values()
     )
     made = fn(ctx) if takes_ctx else fn()
+    mode, seed = _mode_of(ctx)
     if hasattr(made, "act"):
-        act = _greedy(made)
+        act = _policy_act(made, mode, seed)
+    elif mode != "greedy":
+        raise PolicySourceError(
+            f"Protocol policy_mode {mode} draws actions from the policy's distribution, but "
+            f"{source} returned a plain obs -> actions function, which has none; return an "
+            "object with act(obs, mode) or evaluate with --policy-mode greedy."
+        )
     elif callable(made):
         act = lambda obs: _as_chunk(made(obs))  # noqa: E731
     else:
@@ -196,23 +253,52 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
     return LoadedPolicy(act, source, "callable", sha)
 
 
-def find_checkpoint(path: Path) -> Path:
+RUN_CHECKPOINTS = ("latest", "best")
+"""Which checkpoint of a training run directory ``--policy`` takes (``--checkpoint``)."""
+
+
+def find_checkpoint(path: Path, which: str = "latest") -> Path:
     """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
 
     Accepts the directory itself, a checkpoint directory holding it (or a ``policy/``
-    subdirectory), or a run directory (its latest complete checkpoint).
+    subdirectory), or a run directory: its latest complete checkpoint (``which="latest"``,
+    ``checkpoints/latest``) or the one with the best in-training evaluation
+    (``which="best"``, ``checkpoints/best``, written at each evaluation whose
+    ``success_once`` is at least the best so far).
 
     Raises:
-        PolicySourceError: when none of these is found; lists what was looked for.
+        PolicySourceError: when none of these is found (lists what was looked for); ``which``
+            not in :data:`RUN_CHECKPOINTS`; ``which="best"`` for a path that is no run
+            directory or a run without ``checkpoints/best``.
     """
     from rlinf_embodied.policies.registry import CONFIG_FILE
 
-    from rlinf_embodied.checkpoint import latest_checkpoint
+    from rlinf_embodied.checkpoint import checkpoint_problem, latest_checkpoint
 
-    candidates: List[Path] = [path, path / "policy"]
-    latest = latest_checkpoint(path) if (path / "checkpoints").is_dir() else None
-    if latest is not None:
-        candidates += [latest, latest / "policy"]
+    if which not in RUN_CHECKPOINTS:
+        raise PolicySourceError(
+            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}).")
+    is_run = (path / "checkpoints").is_dir()
+    if which == "best":
+        best = path / "checkpoints" / "best"
+        if not is_run:
+            raise PolicySourceError(
+                f"--checkpoint best selects a checkpoint of a training run directory, but {path} "
+                "has no checkpoints/; pass the run directory, or drop --checkpoint.")
+        if not best.is_dir():
+            raise PolicySourceError(
+                f"The run {path} has no checkpoints/best yet (the run writes it at its "
+                "evaluations, every eval.interval iterations); use --checkpoint latest.")
+        problem = checkpoint_problem(best)
+        if problem is not None:
+            raise PolicySourceError(f"{problem}; use --checkpoint latest.")
+        candidates: List[Path] = [best, best / "policy"]
+        latest = best
+    else:
+        candidates = [path, path / "policy"]
+        latest = latest_checkpoint(path) if is_run else None
+        if latest is not None:
+            candidates += [latest, latest / "policy"]
     for c in candidates:
         if (c / CONFIG_FILE).is_file():
             return c
@@ -253,10 +339,10 @@ def _execution(policy: Any) -> Dict[str, Any]:
 
 
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
-                     expected_type: Optional[str]) -> LoadedPolicy:
+                     expected_type: Optional[str], which: str = "latest") -> LoadedPolicy:
     from rlinf_embodied.policies.registry import PolicyCheckpointError, load_policy
 
-    ckpt = find_checkpoint(path)
+    ckpt = find_checkpoint(path, which)
     try:
         policy = load_policy(ckpt, expected_type=expected_type, map_location=ctx.device)
     except PolicyCheckpointError as e:
@@ -276,7 +362,7 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
             f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
             "trained on."
         )
-    return LoadedPolicy(_greedy(policy), source, "checkpoint", hash_files(ckpt), str(ckpt),
+    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
                         needs_images=have.image_shape is not None, execution=_execution(policy))
 
 
@@ -416,30 +502,41 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
         raise PolicySourceError(f"Cannot build the {kind} policy from {path}: {e}") from None
     execution = dict(policy.execution())
     execution.update({k: getattr(cfg, k) for k in ("use_wrist_image", "use_proprio") if k in fields})
-    return LoadedPolicy(_greedy(policy), source, kind, hash_files(path), str(path),
+    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, kind, hash_files(path), str(path),
                         execution=execution)
 
 
 def resolve_policy(source: str, ctx: PolicyContext,
-                   expected_type: Optional[str] = None) -> LoadedPolicy:
+                   expected_type: Optional[str] = None, checkpoint: str = "latest") -> LoadedPolicy:
     """Turn ``--policy SOURCE`` into a :class:`LoadedPolicy` (see the module docstring).
 
     Args:
         source: ``random``, ``module:function``, or a directory.
         ctx: the evaluation's :class:`PolicyContext`.
         expected_type: ``--policy-type``: the policy type the checkpoint must hold, or None.
+        checkpoint: ``--checkpoint``: which checkpoint of a training run directory,
+            ``latest`` or ``best`` (:func:`find_checkpoint`); ``best`` needs a run directory.
 
     Raises:
         PolicySourceError: a missing path, a directory that is no checkpoint, a checkpoint of
-            another type than ``expected_type`` or for another env, an unimportable factory.
+            another type than ``expected_type`` or for another env, an unimportable factory,
+            ``checkpoint="best"`` for a source that is no run directory.
     """
+    path = Path(source).expanduser()
+    if checkpoint != "latest" and not (path.is_dir() and not (path / "config.json").is_file()):
+        if checkpoint not in RUN_CHECKPOINTS:
+            raise PolicySourceError(
+                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}).")
+        raise PolicySourceError(
+            f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
+            f"--policy {source} is none. Pass a run directory or drop --checkpoint."
+        )
     if source == "random":
         if expected_type not in (None, "random"):
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
         sha = hashlib.sha256(b"random").hexdigest()
         return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
                             execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1})
-    path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
             raise PolicySourceError(
@@ -448,7 +545,7 @@ def resolve_policy(source: str, ctx: PolicyContext,
             )
         if (path / "config.json").is_file():
             return _load_vla(path, source, ctx, expected_type)
-        return _load_checkpoint(path, source, ctx, expected_type)
+        return _load_checkpoint(path, source, ctx, expected_type, checkpoint)
     if ":" in source and not source.startswith((".", "/", "~")):
         return _load_callable(source, ctx)
     raise PolicySourceError(

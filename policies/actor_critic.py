@@ -59,6 +59,12 @@ class ActorCriticPolicy(Policy):
                 self.critic_trunk, _ = make_mlp(feature_dim, config.hidden_sizes, config.activation)
             self.value_head = layer_init(nn.Linear(out_dim, 1), gain=1.0)
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """See :meth:`Policy.critic_parameters`: the value head's, plus the critic trunk's
+        unless ``config.shared_critic`` (then the trunk is the actor's)."""
+        return [p for m in (self.critic_trunk, self.value_head) if m is not None
+                for p in m.parameters()]
+
     @abc.abstractmethod
     def inputs_from_obs(self, obs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The observation tensors the encoder reads, on the policy's device.

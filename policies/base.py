@@ -356,6 +356,20 @@ class Policy(nn.Module, abc.ABC):
             valid: (B,) bool, the rows to use; None = all.
         """
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The parameters that only the critic uses (value head, a critic trunk of its own).
+
+        Parameters the actor shares with the critic (a shared trunk, a VLA's LoRA backbone)
+        belong to the actor. The RL update reads this for ``trainer.critic_lr`` (the critic's
+        optimizer group) and ``trainer.critic_warmup_iterations`` (every other parameter is
+        frozen); a policy with a critic must override it. The base class has no critic.
+
+        Returns:
+            The parameter objects as registered on the modules (also after FSDP2 sharding,
+            whose registered parameters are these modules' own); [] without a critic.
+        """
+        return []
+
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules that FSDP2 shards as units of their own before the root (transformer
         blocks of a VLA); small policies shard as one unit and return []."""

@@ -74,6 +74,11 @@ class VLAPolicyBase(Policy):
 
     head_type = "autoregressive_tokens"
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """See :meth:`Policy.critic_parameters`: the value head's (the LoRA backbone under it
+        is shared with the actor)."""
+        return [] if self.value_head is None else list(self.value_head.parameters())
+
     def fsdp_units(self) -> list[nn.Module]:
         """One FSDP2 unit per Llama decoder layer and ViT block (see prismatic.fsdp_block_classes)."""
         from rlinf_embodied.policies.prismatic import fsdp_block_classes

@@ -265,8 +265,8 @@ def train(
     """Train a policy with RL (env, rollout and actor workers on Ray, placement from config).
 
     Exits 0 when the run ends (all iterations, trainer.max_time_s, or a finished run resumed),
-    130 after Ctrl-C or SIGTERM (the current iteration finishes and a checkpoint is saved; a
-    second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
+    130 after Ctrl-C or SIGTERM (the current iteration finishes and a checkpoint is saved, for
+    a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
     The last lines always say which checkpoint holds the run.
     """
     from rlinf_embodied.config import ConfigError, load_config
@@ -278,7 +278,11 @@ def train(
     if config and not resume and is_reasoning_job(config):
         from rlinf_embodied.reasoning.cli import train_reasoning
 
-        raise typer.Exit(train_reasoning(config, overrides, _fail, _short_error))
+        try:
+            code = train_reasoning(config, overrides, _fail, _short_error, signals)
+        finally:
+            signals.restore()
+        raise typer.Exit(code)
     if config and "=" in config and not Path(config).exists():
         overrides.insert(0, config)  # `train --resume RUN key=value`: no CONFIG given
         config = None

@@ -479,6 +479,12 @@ class JobConfig:
                 "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
                 "policy.critic=true or trainer.critic_warmup_iterations=0."
             )
+        if self.trainer.critic_lr is not None and getattr(self.policy, "critic", None) is False:
+            raise ConfigError(
+                f"trainer.critic_lr={self.trainer.critic_lr} sets the learning rate of a critic "
+                "this policy does not have (policy.critic=false); set trainer.critic_lr=null or "
+                "policy.critic=true."
+            )
 
 
 # Sections whose dataclass is chosen by their ``type`` key.

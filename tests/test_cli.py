@@ -53,6 +53,8 @@ def test_config_show_rejects_what_train_would_reject_later():
         (["configs/gym_pointreach_ppo_mlp.yaml", "env.env_id=PointReach-v0"], "'toy/PointReach-v0'"),
         (["configs/gym_pointreach_ppo_mlp.yaml", "env.env_id=examples.my_gym_env:GoalSeekEnvv"], "GoalSeekEnvv"),
         (["configs/reasoning_grpo_tiny.yaml", "rollout.backend=vlm"], "hf or vllm"),
+        (["configs/maniskill_pushcube_grpo_mlp.yaml", "trainer.critic_lr=1e-4"],
+         "set trainer.critic_lr=null or policy.critic=true"),
     ):
         r = runner.invoke(app, ["config", "show", *args])
         assert r.exit_code == 2 and words in r.output, (args, r.output)

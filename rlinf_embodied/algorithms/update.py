@@ -17,29 +17,46 @@ import torch
 from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
-__all__ = ["CRITIC_MODULES", "compute_advantages", "is_critic_parameter", "lr_lambda",
-           "make_optimizer", "param_groups", "update_policy"]
-
-CRITIC_MODULES = ("value_head", "critic_trunk")
-"""Names of the critic's submodules in the built-in policies (a parameter belongs to the critic
-when one of its dotted name's parts is one of these)."""
+__all__ = ["actor_critic_parameters", "compute_advantages", "lr_lambda", "make_optimizer",
+           "param_groups", "update_policy"]
 
 
-def is_critic_parameter(name: str) -> bool:
-    """True for a parameter of the critic (value head or separate critic trunk), given its
-    ``named_parameters`` name (wrapper prefixes are allowed)."""
-    return any(part in CRITIC_MODULES for part in name.split("."))
+def actor_critic_parameters(policy) -> tuple[list, list]:
+    """``(actor, critic)``: ``policy``'s trainable parameters split by
+    :meth:`~rlinf_embodied.policies.base.Policy.critic_parameters` (the critic's), in
+    ``parameters()`` order.
+
+    An FSDP2-sharded policy is resharded first, so that the registered parameters are the
+    sharded ones the optimizer holds (a root module keeps its unsharded parameters registered
+    after a forward without backward).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(policy, FSDPModule):
+        policy.reshard()
+    critic = {id(p) for p in policy.critic_parameters()}
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    return ([p for p in trainable if id(p) not in critic],
+            [p for p in trainable if id(p) in critic])
 
 
 def param_groups(policy, trainer) -> list[dict]:
     """Optimizer parameter groups of ``policy``'s trainable parameters: one at ``trainer.lr``,
     or, with ``trainer.critic_lr`` set, the actor's at ``trainer.lr`` then the critic's
-    (:func:`is_critic_parameter`) at ``trainer.critic_lr``."""
-    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    (:func:`actor_critic_parameters`) at ``trainer.critic_lr``.
+
+    Raises:
+        ValueError: ``trainer.critic_lr`` is set but the policy has no critic parameters.
+    """
     if trainer.critic_lr is None:
-        return [{"params": [p for _, p in named], "lr": trainer.lr}]
-    return [{"params": [p for n, p in named if not is_critic_parameter(n)], "lr": trainer.lr},
-            {"params": [p for n, p in named if is_critic_parameter(n)], "lr": trainer.critic_lr}]
+        return [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": trainer.lr}]
+    actor, critic = actor_critic_parameters(policy)
+    if not critic:
+        raise ValueError(
+            f"trainer.critic_lr is set but {type(policy).__name__} has no critic parameters "
+            "(critic_parameters() is empty); set policy.critic=true or trainer.critic_lr=null."
+        )
+    return [{"params": actor, "lr": trainer.lr}, {"params": critic, "lr": trainer.critic_lr}]
 
 
 def make_optimizer(policy, trainer):
@@ -89,9 +106,11 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     optional ``algorithm.target_kl`` early stop (mean over ranks); then the policy's running
     observation statistics take in the batch (:meth:`Policy.update_obs_stats`). Minibatch order
     is seeded by (run seed, iteration, rank). While ``iteration <
-    trainer.critic_warmup_iterations`` only the critic's parameters (:func:`is_critic_parameter`)
-    get gradients and optimizer steps and the observation statistics stay as they are: the
-    policy acts bit-identically while the value head fits the RL returns.
+    trainer.critic_warmup_iterations`` only the critic's parameters
+    (:meth:`~rlinf_embodied.policies.base.Policy.critic_parameters`) require gradients (the
+    others are set ``requires_grad=False`` for the update and restored after it) and get
+    optimizer steps, and the observation statistics stay as they are: the policy acts
+    bit-identically while the value head fits the RL returns.
 
     Args:
         policy: a :class:`~rlinf_embodied.policies.Policy` (sharded or not).
@@ -117,13 +136,28 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     frozen = []
     warmup = iteration < t.critic_warmup_iterations
     if warmup:
-        named = list(policy.named_parameters())
-        frozen = [p for n, p in named if not is_critic_parameter(n)]
-        if len(frozen) == len(named):
+        frozen, critic = actor_critic_parameters(policy)
+        if not critic:
             raise ValueError(
-                "trainer.critic_warmup_iterations > 0 but the policy has no critic parameters "
-                f"({', '.join(CRITIC_MODULES)}); set policy.critic=true or the warm-up to 0."
+                f"trainer.critic_warmup_iterations > 0 but {type(policy).__name__} has no "
+                "critic parameters (critic_parameters() is empty); set policy.critic=true or "
+                "the warm-up to 0."
             )
+    # Frozen for this update only: backward computes no gradient for them, the optimizer
+    # skips them (no grad: no step, no weight decay), and clipping sees the critic's alone.
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        return _update(policy, optimizer, batch, cfg, iteration, rank, device,
+                       mean_across_ranks, warmup)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_ranks,
+            warmup) -> Dict[str, float]:
+    t = cfg.trainer
     adv = compute_advantages(batch, cfg)
     T, N = batch["rewards"].shape
     flat = lambda x: x.reshape(T * N, *x.shape[2:]).to(device)  # noqa: E731
@@ -175,8 +209,6 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
                 (loss * share).backward()
                 for k, v in met.items():
                     mb_metrics[k] = mb_metrics.get(k, 0.0) + float(v) * share
-            for p in frozen:  # no gradient: the optimizer skips them (no step, no decay)
-                p.grad = None
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in policy.parameters() if p.requires_grad], t.max_grad_norm
             )

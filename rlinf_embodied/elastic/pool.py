@@ -21,6 +21,7 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import ray
@@ -32,7 +33,11 @@ from rlinf_embodied.elastic.worker import ElasticRolloutWorker
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError, WorkerGroup
 from rlinf_embodied.runtime.device import CPU, GPU, RAY_GPU_RESOURCE, Device
 
-__all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult"]
+__all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult", "UnplacedWorkersWarning"]
+
+
+class UnplacedWorkersWarning(UserWarning):
+    """Configured preemptible workers have no node to run on (none advertises the resource)."""
 
 IDLE_POLL_S = 0.005
 """Seconds the dispatch loop sleeps when nothing changed (bounds the added dispatch latency)."""
@@ -152,6 +157,27 @@ class ElasticRolloutPool:
             raise RuntimeError(f"no reserved elastic worker started within "
                                f"elastic.join_timeout_s={self.e.join_timeout_s}; see the worker logs "
                                f"under /tmp/ray/session_latest/logs.")
+        self._warn_unplaced()
+
+    def _warn_unplaced(self) -> None:
+        """Warn (and record an ``unplaced`` event) when preemptible workers are still waiting
+        for a node: with ``elastic.preemptible_resource`` set, only nodes advertising that Ray
+        resource take them, and a cluster without such a node would otherwise run
+        reserved-only without a word."""
+        missing = self._wanted[PREEMPTIBLE]
+        if missing <= 0:
+            return
+        res = self.e.preemptible_resource
+        self._event("unplaced", kind=PREEMPTIBLE, workers=missing, resource=res)
+        placed = sum(m.kind == PREEMPTIBLE for m in self.members)
+        warnings.warn(
+            f"{missing} of {self.e.preemptible_workers} preemptible elastic workers have no node: "
+            f"no alive Ray node advertises the resource {res!r} (start such nodes with "
+            f"`ray start --resources='{{\"{res}\": 1}}'`, or set "
+            f"elastic.preemptible_resource=\"\" to run them on the driver's node). The rollout "
+            f"goes on with {sum(m.kind == RESERVED for m in self.members)} reserved and {placed} "
+            f"preemptible workers and starts the others when such a node joins.",
+            UnplacedWorkersWarning, stacklevel=3)
 
     def wait_for_joins(self) -> None:
         """Block until the workers being started (and nodes being restored) have joined, for

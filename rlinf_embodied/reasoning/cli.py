@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, List, Optional
 
-__all__ = ["train_reasoning", "validate_reasoning_job"]
+__all__ = ["report_lines", "train_reasoning", "validate_reasoning_job"]
 
 
 def validate_reasoning_job(cfg) -> None:
@@ -39,11 +39,39 @@ def validate_reasoning_job(cfg) -> None:
         raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
 
 
-def train_reasoning(config: str, overrides: List[str], fail: Callable, short_error: Callable) -> int:
-    """Load, validate and run a reasoning job; returns the exit code (errors go to ``fail``)."""
+def report_lines(res: dict, run_dir: Path, iterations: int) -> List[str]:
+    """The last lines of a reasoning ``train``: how it ended, where results and model are."""
+    ev = res["eval"]
+    summary = f" held-out reward {ev[0]['reward']:.3f} -> {ev[-1]['reward']:.3f};" if ev else ""
+    steps = len(res["steps"])
+    how = ("aborted" if res.get("aborted") else "interrupted") if res.get("interrupted") else "done"
+    of = f" of {iterations}" if how != "done" else ""
+    lines = [f"{how}: {steps}{of} steps ({res['backend']} backend);{summary} results in {run_dir}"]
+    model = res.get("model")
+    if model:
+        lines.append(f"model: {model['path']} (step {model['step']}, HF layout)")
+    elif how == "aborted":
+        lines.append("no model was saved (aborted by a second Ctrl-C)")
+    elif steps:
+        lines.append("no model was saved (trainer.save_every=0)")
+    if how != "done":
+        lines.append("reasoning runs cannot be resumed yet; start a new run"
+                     + (" (model.path can point at the saved model)" if model else "") + ".")
+    return lines
+
+
+def train_reasoning(config: str, overrides: List[str], fail: Callable, short_error: Callable,
+                    signals: Optional[object] = None) -> int:
+    """Load, validate and run a reasoning job; returns the exit code (errors go to ``fail``).
+
+    ``signals``: the CLI's installed :class:`~rlinf_embodied.runners.signals.StopSignals`; a
+    Ctrl-C before training starts returns 130 with nothing trained, one during training stops
+    after the current step and saves the model (exit code 130).
+    """
     from rlinf_embodied.config import ConfigError, load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
 
+    run_dir = None
     try:
         cfg = load_config(config, overrides, schema=ReasoningJobConfig)
         validate_reasoning_job(cfg)
@@ -63,10 +91,13 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
             runner = ReasoningRunner(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        print("interrupted before training started: nothing was trained"
+              + (f"; {run_dir} holds no results." if run_dir is not None else "."))
+        return 130
     except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
         fail(short_error(e), code=1)
-    res = runner.run()
-    ev = res["eval"]
-    summary = f" held-out reward {ev[0]['reward']:.3f} -> {ev[-1]['reward']:.3f};" if ev else ""
-    print(f"done: {len(res['steps'])} steps ({res['backend']} backend);{summary} results in {run_dir}")
-    return 0
+    res = runner.run(signals)
+    for line in report_lines(res, run_dir, cfg.trainer.iterations):
+        print(line)
+    return 130 if res.get("interrupted") else 0

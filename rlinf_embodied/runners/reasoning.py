@@ -9,9 +9,12 @@ by the runtime; this loop is the same under all three.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -20,13 +23,23 @@ from rlinf_embodied.config import as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger
 from rlinf_embodied.reasoning.launch import launch_reasoning_groups, split_evenly
 from rlinf_embodied.reasoning.messages import PromptRequest
+from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PerRank, wait_all
 
 __all__ = ["ReasoningRunner"]
 
 
+MODEL_DIR = "model"
+"""The run directory's model checkpoint (HF layout: config, safetensors, tokenizer)."""
+
+
 class ReasoningRunner:
-    """Runs one reasoning job (GRPO/DAPO) in ``run_dir``; results in ``run_dir/results.json``."""
+    """Runs one reasoning job (GRPO/DAPO) in ``run_dir``; results in ``run_dir/results.json``.
+
+    Attributes (after :meth:`run`):
+        interrupted: the run stopped early on a stop signal (or was aborted).
+        saved: ``(path, step)`` of the last model checkpoint written, or None.
+    """
 
     def __init__(self, cfg, run_dir: Path):
         from transformers import AutoTokenizer
@@ -44,10 +57,31 @@ class ReasoningRunner:
         self.results = {"backend": self.g.backend, "placement": cfg.placement,
                         "pipelining": cfg.rollout.pipelining, "model_dir": self.g.model_dir,
                         "steps": [], "eval": []}
+        self.signals = StopSignals()
+        self.interrupted = False
+        self.saved: Optional[tuple] = None
 
-    def run(self) -> dict:
+    def run(self, signals: Optional[StopSignals] = None) -> dict:
+        """Train ``trainer.iterations`` steps (or until ``max_time_s``, or a stop signal).
+
+        A Ctrl-C / SIGTERM (``signals``, installed here unless the caller has) finishes the
+        current step, saves the model to ``run_dir/model`` (also with
+        ``trainer.save_every=0``) and ends the run; a second Ctrl-C aborts at once without
+        saving. The model is also saved every ``trainer.save_every`` steps and at the end.
+        ``results.json`` is written in every case, with ``interrupted``, ``aborted`` and
+        ``model`` (``{"path", "step"}`` of the saved model, or None).
+
+        Returns:
+            The results dict (also in ``run_dir/results.json``).
+        """
         g, t = self.g, self.cfg.trainer
         n_roll, start, tokens = g.rollout.world_size, time.time(), 0
+        if signals is not None:
+            self.signals = signals
+        owns_handlers = not self.signals._prev
+        self.signals.install()
+        self.signals.phase = "training"
+        done = 0
         try:
             if t.sft_steps:
                 sft = g.actor.sft(t.sft_steps).wait()[0]
@@ -57,6 +91,8 @@ class ReasoningRunner:
             if t.eval_every:
                 self.log.log(self.evaluate(0), 0, 0)
             for step in range(t.iterations):
+                if self.signals.requested:
+                    break
                 m = {"time/weight_sync_s": g.sync.push(step)}
                 t0 = time.perf_counter()
                 reqs = self._sample(step)
@@ -78,16 +114,56 @@ class ReasoningRunner:
                     m.update(self.evaluate(step + 1))
                 self.log.log(m, tokens, step + 1)
                 self.results["steps"].append({"step": step + 1, **m})
+                done = step + 1
                 if last:
                     break
-            if t.save_every:
-                g.actor.save(str(self.run_dir / "model")).wait()
+                if t.save_every and done % t.save_every == 0:
+                    self.save(done)
+            self.interrupted = self.signals.requested
+            if self.interrupted:
+                print(f"interrupted after step {done}: "
+                      + ("saving the model" if done else "nothing trained, nothing to save"))
+            if (t.save_every or self.interrupted) and done and \
+                    (self.saved is None or self.saved[1] != done):
+                self.save(done)
+        except KeyboardInterrupt:
+            self.interrupted = True  # aborted (a second Ctrl-C): nothing more is saved
         finally:
-            self.log.close()
-            atomic_write_json(self.run_dir / "results.json", self.results)
-            plot_reasoning_curves(self.results, self.run_dir / "curves.png")
-            g.shutdown()
+            self.signals.phase = "exiting"
+            try:
+                self.results.update(
+                    interrupted=self.interrupted, aborted=self.signals.aborted,
+                    model=None if self.saved is None else {"path": str(self.saved[0]),
+                                                           "step": self.saved[1]})
+                self.log.close()
+                atomic_write_json(self.run_dir / "results.json", self.results)
+                plot_reasoning_curves(self.results, self.run_dir / "curves.png")
+            finally:
+                g.shutdown()
+                if owns_handlers:
+                    self.signals.restore()
         return self.results
+
+    def save(self, step: int) -> Path:
+        """Write the actor's model to ``run_dir/model`` (HF layout) after ``step`` steps.
+
+        The files are written to a temporary directory that then replaces ``model/``, so an
+        interrupted save leaves the previous model in place.
+        """
+        final = self.run_dir / MODEL_DIR
+        tmp = self.run_dir / f".{MODEL_DIR}.step{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self.g.actor.save(str(tmp)).wait()
+            atomic_write_json(tmp / "step.json", {"step": step})
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.saved = (final, step)
+        return final
 
     def _sample(self, step: int) -> list:
         """The step's prompts: ``rollout.prompts_per_step`` training problems drawn without

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from rlinf_embodied.algorithms.update import is_critic_parameter
 from rlinf_embodied.sft.config import BCConfig
 from rlinf_embodied.sft.dataset import DemoDataset
 
@@ -99,10 +98,10 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
             f"in {A} dims; record the demos in the policy's env.control_mode."
         )
     torch.manual_seed(cfg.seed)
-    fit_value = cfg.value_gamma is not None and getattr(policy, "value_head", None) is not None
+    critic = {id(p) for p in policy.critic_parameters()}
+    fit_value = cfg.value_gamma is not None and bool(critic)
     returns = data.returns(cfg.value_gamma) if fit_value else None
-    params = [p for n, p in policy.named_parameters()
-              if fit_value or not is_critic_parameter(n)]
+    params = [p for p in policy.parameters() if fit_value or id(p) not in critic]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, cfg.steps))
     gen = torch.Generator().manual_seed(cfg.seed)

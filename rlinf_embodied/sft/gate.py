@@ -44,8 +44,9 @@ class GateError(RuntimeError):
 
 def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path, trials: int,
                         *, protocol: str = "maniskill_fair_v1", num_envs: int = 8,
-                        num_processes: int = 2, fresh: bool = True) -> dict[str, Any]:
-    """Greedy evaluation of a ``save_policy`` checkpoint on held-out ManiSkill seeds.
+                        num_processes: int = 2, fresh: bool = True,
+                        policy_mode: str | None = None, reports: bool = True) -> dict[str, Any]:
+    """Evaluation of a ``save_policy`` checkpoint on held-out ManiSkill seeds.
 
     Args:
         checkpoint: policy directory (or a run / checkpoint directory holding one).
@@ -55,13 +56,17 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         output: results JSON (``.md``/``.png``/``.html`` reports are written beside it).
         trials: trials 0..trials-1 of the protocol.
         protocol: evaluation protocol name.
-        num_envs: envs run concurrently (results do not depend on it).
+        num_envs: envs run concurrently (greedy results do not depend on it).
         num_processes: env pool processes.
         fresh: delete an existing ``output`` first (else the evaluation resumes it).
+        policy_mode: ``greedy`` or ``sample`` (actions drawn from the policy's distribution,
+            seeded by the protocol's ``global_seed``); None keeps the protocol's (greedy for
+            every shipped protocol).
+        reports: also write the ``.md``/``.png``/``.html`` reports.
 
     Returns:
-        ``{"rate", "ci95", "success_at_end_rate", "success_at_end_ci95", "episodes",
-        "results"}`` (success_once rate with its Wilson interval, ManiSkill's
+        ``{"rate", "ci95", "successes", "success_at_end_rate", "success_at_end_ci95",
+        "episodes", "results"}`` (success_once rate with its Wilson interval, ManiSkill's
         ``success_at_end`` likewise, the results file path).
     """
     from rlinf_embodied.eval.run import EvalRequest, evaluate
@@ -74,12 +79,13 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         env="maniskill", task=env_cfg.env_id, policy=str(checkpoint), protocol=protocol,
         trials_per_task=trials, num_envs=max(1, min(num_envs, trials)),
         num_processes=num_processes, output=str(output), obs_mode=env_cfg.obs_mode,
-        max_steps=env_cfg.max_episode_steps, device="cpu",
+        max_steps=env_cfg.max_episode_steps, device="cpu", policy_mode=policy_mode,
+        reports=reports,
         env_overrides={"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode},
     )
     results = evaluate(req)
     o = results.summary()["overall"]
-    return {"rate": o["rate"], "ci95": o["ci95"],
+    return {"rate": o["rate"], "ci95": o["ci95"], "successes": o["successes"],
             "success_at_end_rate": o.get("success_at_end_rate"),
             "success_at_end_ci95": o.get("success_at_end_ci95"),
             "episodes": o["episodes"], "results": str(output)}
@@ -125,13 +131,6 @@ def _recorded_rate(record: dict[str, Any], trials: int) -> tuple[float, int]:
     return sum(bool(e.success) for e in eps) / len(eps), len(eps)
 
 
-def _protocol_seed(name: str) -> int:
-    """``env_seed`` (seed of trial 0) of the evaluation protocol ``name``."""
-    from rlinf_embodied.eval.protocols import get_protocol
-
-    return int(get_protocol(name).env_seed)
-
-
 def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
                episodes: int | None = None, tolerance: float | None = None,
                log=print, sampled: bool = True) -> dict[str, Any]:
@@ -140,7 +139,8 @@ def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
     Args:
         checkpoint: the SFT policy directory (``sft_record.json`` beside it).
         env_cfg: the RL run's EnvConfig.
-        out_dir: where ``gate.json`` and the re-evaluation's results go.
+        out_dir: where ``gate.json`` and the re-evaluations' results go (``gate_eval.json``
+            greedy, ``gate_sampled.json`` sampled).
         episodes: trials to re-evaluate; None uses the record's ``gate_episodes``.
         tolerance: allowed drop of the success rate; None uses the record's.
         log: printer.
@@ -170,8 +170,8 @@ def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
               "passed": ev["rate"] >= recorded - tol}
     if sampled and result["passed"]:
-        sp = sampled_success(checkpoint, env_cfg, n,
-                             env_seed=_protocol_seed(record["protocol"]),
+        sp = sampled_success(checkpoint, env_cfg, n, out_dir / "gate_sampled.json",
+                             protocol=record["protocol"],
                              num_processes=getattr(env_cfg, "num_processes", 2))
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
         result["log_std"] = sp["log_std"]
@@ -211,67 +211,55 @@ def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | N
     return check_gate(ckpt, cfg.env, run_dir, log=log)
 
 
-def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, *,
-                    env_seed: int = 1_000_000, sample_seed: int = 0, num_envs: int = 10,
+def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: str | Path, *,
+                    protocol: str = "maniskill_fair_v1", num_envs: int = 10,
                     num_processes: int = 2, log_std: float | None = None) -> dict[str, Any]:
     """``success_once`` of a checkpoint's *sampled* actions (the RL stage's rollouts) on
     held-out trials 0..trials-1, next to which the greedy evaluation can be read.
 
     RL fine-tuning learns only from what its sampled rollouts reach: a Gaussian head whose
     log-std is wide compared with the cloned actions can score well greedily and never
-    succeed when sampling, so PPO sees no success at all.
+    succeed when sampling, so PPO sees no success at all. This is
+    :func:`evaluate_checkpoint` with ``policy_mode="sample"`` (same protocol, seeds and env
+    settings as the greedy evaluation; the noise is seeded by the protocol's ``global_seed``).
 
     Args:
         checkpoint: policy directory of :func:`~rlinf_embodied.policies.save_policy`.
-        env_cfg: the ManiSkill EnvConfig of the episodes (its ``max_episode_steps`` is the
-            horizon; terminations are ignored as in ``maniskill_fair_v1``).
-        trials: trial i resets with seed ``env_seed + i`` (the fair protocol's seeds).
-        env_seed: seed of trial 0 (``maniskill_fair_v1``: 1_000_000).
-        sample_seed: torch seed of the action noise.
-        num_envs: envs stepped together (trials run in rounds of this many; the last round
-            may run extra envs whose results are dropped).
+        env_cfg: the ManiSkill EnvConfig of the episodes (see :func:`evaluate_checkpoint`).
+        trials: trials 0..trials-1 of ``protocol``.
+        output: results JSON of the sampled evaluation (no reports are written).
+        protocol: evaluation protocol name (``maniskill_fair_v1``: trial i resets with seed
+            1_000_000 + i, terminations ignored).
+        num_envs: envs stepped together (sampled results may change with it: the noise is
+            drawn per batch).
         num_processes: env pool processes.
-        log_std: replace the Gaussian head's log-std (normalised action units) by this value
-            first; None keeps the checkpoint's.
+        log_std: evaluate a copy of the checkpoint whose Gaussian head's log-std (normalised
+            action units) is this value (saved beside ``output``); None keeps the checkpoint's.
 
     Returns:
-        ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std"}`` (``log_std``:
-        mean log-std used, NaN for heads without one).
+        ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std", "results"}``
+        (``log_std``: mean log-std used, NaN for heads without one).
 
     Raises:
         ValueError: ``trials`` < 1.
     """
     import torch
 
-    from rlinf_embodied.envs import make_env
-    from rlinf_embodied.eval.stats import wilson_interval
-    from rlinf_embodied.policies import load_policy
+    from rlinf_embodied.policies import load_policy, save_policy
 
     if trials < 1:
         raise ValueError(f"sampled_success needs trials >= 1 (got {trials}).")
-    policy = load_policy(Path(checkpoint), map_location="cpu").eval()
+    output = Path(output)
+    policy = load_policy(Path(checkpoint), map_location="cpu")
     head_std = getattr(getattr(policy, "action_head", None), "log_std", None)
     if log_std is not None and head_std is not None:
         with torch.no_grad():
             head_std.fill_(float(log_std))
-    n = max(1, min(num_envs, trials))
-    env = make_env(dataclasses.replace(env_cfg, num_envs=n, num_processes=num_processes,
-                                       ignore_terminations=True, video=False))
-    torch.manual_seed(sample_seed)
-    wins = 0
-    try:
-        horizon = int(env_cfg.max_episode_steps)
-        for start in range(0, trials, n):
-            obs, _ = env.reset(seed=env_seed + start)
-            once = torch.zeros(n, dtype=torch.bool)
-            for _ in range(horizon):
-                with torch.no_grad():
-                    act = policy.act(obs, mode="sample").actions
-                obs, _, _, _, info = env.step(act[:, 0])
-                once |= info["success"].bool()
-            wins += int(once[:min(n, trials - start)].sum())
-    finally:
-        env.close()
-    lo, hi = wilson_interval(wins, trials)
-    return {"rate": wins / trials, "ci95": [lo, hi], "successes": wins, "episodes": trials,
+        checkpoint = output.with_name(f"{output.stem}_policy")
+        save_policy(policy, checkpoint)
+    ev = evaluate_checkpoint(checkpoint, env_cfg, output, trials, protocol=protocol,
+                             num_envs=num_envs, num_processes=num_processes,
+                             policy_mode="sample", reports=False)
+    return {"rate": ev["rate"], "ci95": ev["ci95"], "successes": ev["successes"],
+            "episodes": ev["episodes"], "results": ev["results"],
             "log_std": float(head_std.detach().mean()) if head_std is not None else float("nan")}

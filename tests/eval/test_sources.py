@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from rlinf_embodied.eval.protocols import get_protocol
 from rlinf_embodied.eval.sources import PolicyContext, PolicySourceError, resolve_policy
 
@@ -58,3 +59,20 @@ def test_run_directory_resolves_latest_checkpoint(tmp_path):
     assert not loaded.needs_images
     assert tuple(loaded.act({"states": np.zeros((2, 8), np.float32)}).shape) == (2, 1, 7)
     assert resolve_policy("random", _ctx()).sha256 != loaded.sha256
+    # --checkpoint best: checkpoints/best (written outside the rotation, latest unchanged)
+    with pytest.raises(PolicySourceError, match="no checkpoints/best yet"):
+        resolve_policy(str(tmp_path / "run"), _ctx(), checkpoint="best")
+    torch.manual_seed(5)
+    with checkpoint_dir(tmp_path / "run", "best", update_latest=False) as d:
+        save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[4]), spec), d / "policy")
+    best = resolve_policy(str(tmp_path / "run"), _ctx(), checkpoint="best")
+    assert best.path.endswith("checkpoints/best/policy") and best.sha256 != loaded.sha256
+    obs = {"states": np.ones((2, 8), np.float32)}
+    assert not np.allclose(np.asarray(best.act(obs)), np.asarray(loaded.act(obs)))
+    assert resolve_policy(str(tmp_path / "run"), _ctx()).path == loaded.path  # still latest
+    with pytest.raises(PolicySourceError, match="has no checkpoints/; pass the run directory"):
+        resolve_policy(loaded.path, _ctx(), checkpoint="best")  # a checkpoint, not a run
+    with pytest.raises(PolicySourceError, match="--policy random is none"):
+        resolve_policy("random", _ctx(), checkpoint="best")
+    with pytest.raises(PolicySourceError, match="must be one of latest, best"):
+        resolve_policy(str(tmp_path / "run"), _ctx(), checkpoint="newest")

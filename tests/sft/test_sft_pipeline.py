@@ -98,20 +98,26 @@ def _demo_path(pipeline):
     return pipeline[1].path
 
 
-def test_sampled_success_is_greedy_at_tiny_noise_and_fails_with_wide_noise(pipeline):
+def test_sampled_success_is_greedy_at_tiny_noise_and_fails_with_wide_noise(pipeline, tmp_path):
+    from rlinf_embodied.eval.results import ResultsFile
     from rlinf_embodied.sft.gate import sampled_success
 
     cfg, _, out = pipeline
     ckpt = cfg.run_dir() / "sft" / "policy"
     kw = dict(num_envs=2, num_processes=0)
-    near = sampled_success(ckpt, cfg.env, 2, log_std=-12.0, **kw)
+    near = sampled_success(ckpt, cfg.env, 2, tmp_path / "near.json", log_std=-12.0, **kw)
     assert near["rate"] == out["evaluation"]["rate"] and near["episodes"] == 2
-    wide = sampled_success(ckpt, cfg.env, 2, log_std=1.0, **kw)
-    assert wide["rate"] == 0.0 and wide["log_std"] == 1.0
+    # the shared evaluation path ran it: a results file of the sampling protocol
+    header = ResultsFile.load(tmp_path / "near.json").header
+    assert header["protocol"]["policy_mode"] == "sample"
+    assert "policy_mode" in header["protocol"]["id"]
+    wide = sampled_success(ckpt, cfg.env, 2, tmp_path / "wide.json", log_std=1.0, **kw)
+    assert wide["rate"] == 0.0 and wide["log_std"] == 1.0 and wide["successes"] == 0
     assert wide["ci95"][0] == 0.0 < wide["ci95"][1]
 
 
 def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path):
+    from rlinf_embodied.eval.results import ResultsFile
     from rlinf_embodied.policies import build_policy, load_policy, save_policy
 
     from rlinf_embodied.sft.gate import GateError, check_gate, gate_for_job
@@ -124,6 +130,9 @@ def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path
     assert res["passed"] and res["measured"] == res["recorded"] == out["evaluation"]["rate"]
     logged = json.loads((tmp_path / "good" / "gate.json").read_text())
     assert 0.0 <= logged["sampled"] <= 1.0 and logged["episodes"] == 2
+    sampled = ResultsFile.load(tmp_path / "good" / "gate_sampled.json")  # the shared eval path
+    assert sampled.header["protocol"]["policy_mode"] == "sample"
+    assert logged["sampled"] == sampled.summary()["overall"]["rate"]
     assert logged["log_std"] == pytest.approx(
         float(load_policy(ckpt).action_head.log_std.detach().mean()))
 

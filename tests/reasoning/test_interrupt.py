@@ -1,0 +1,56 @@
+"""Ctrl-C during a reasoning run (tiny model, real Ray workers, FSDP2 on gloo): the current step
+finishes, the model is saved to run_dir/model (trainer.save_every=0 notwithstanding), and
+results.json and the CLI's last lines say what was saved. Mirrors the embodied runner's
+handling (tests/e2e/test_interrupt_signals.py, tests/e2e/test_interrupt.py)."""
+
+import json
+import os
+import signal
+
+import torch
+from safetensors.torch import load_file
+
+from rlinf_embodied.config import load_config
+from rlinf_embodied.reasoning.cli import report_lines
+from rlinf_embodied.reasoning.config import ReasoningJobConfig
+from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.runners.signals import StopSignals
+
+JOB = ["trainer.iterations=4", "trainer.sft_steps=4", "trainer.sft_batch_size=8", "trainer.eval_every=0",
+       "trainer.save_every=0", "trainer.num_minibatches=1", "trainer.micro_batch_size=8",
+       "task.num_train=40", "task.num_test=4", "rollout.prompts_per_step=2",
+       "algorithm.group_size=4", "algorithm.dynamic_sampling=false",
+       "algorithm.entropy_coef=0.01", "logging.console=false", "logging.tensorboard=false",
+       "placement=collocated"]
+
+
+def test_sigint_finishes_the_step_saves_the_model_and_reports_it(ray_session, tmp_path, capsys):
+    cfg = load_config("configs/reasoning_grpo_tiny.yaml", JOB, schema=ReasoningJobConfig)
+    run_dir = tmp_path / "run"
+    runner = ReasoningRunner(cfg, run_dir)
+    sample = runner._sample
+
+    def sample_then_ctrl_c(step):
+        if step == 1:  # Ctrl-C while step 1 is running (the handler runs in this thread)
+            os.kill(os.getpid(), signal.SIGINT)
+        return sample(step)
+
+    runner._sample = sample_then_ctrl_c
+    before = signal.getsignal(signal.SIGINT)
+    res = runner.run(StopSignals(duplicate_s=3600))
+    assert signal.getsignal(signal.SIGINT) is before  # the runner restored the handlers
+    assert "finishing this iteration" in capsys.readouterr().out
+    assert [s["step"] for s in res["steps"]] == [1, 2]  # step 1 finished, step 2 never ran
+    assert res["interrupted"] and not res["aborted"]
+    assert res["model"] == {"path": str(run_dir / "model"), "step": 2}
+    assert json.loads((run_dir / "results.json").read_text())["model"] == res["model"]
+    assert json.loads((run_dir / "model" / "step.json").read_text()) == {"step": 2}
+    assert not list(run_dir.glob(".model.*"))  # no temporary directory left
+    saved = load_file(str(run_dir / "model" / "model.safetensors"))
+    init = load_file(str(run_dir / "tiny_model" / "model.safetensors"))
+    assert saved.keys() == init.keys()
+    assert any(not torch.equal(init[k], saved[k]) for k in init)  # the trained weights
+    lines = report_lines(res, run_dir, cfg.trainer.iterations)
+    assert lines[0].startswith("interrupted: 2 of 4 steps")
+    assert lines[1] == f"model: {run_dir / 'model'} (step 2, HF layout)"
+    assert "cannot be resumed" in lines[2] and "model.path" in lines[2]
