@@ -15,7 +15,10 @@ Prints one JSON line last:
 * ``query_overhead_ms``: time per policy query beyond the policy's forward (1 stage, steady
   state): env put + env wait for the reply - rollout forward. Target <= 0.5.
 * ``hops_stage1`` / ``hops_stage2``: per-query breakdown in ms (env put, env wait, rollout wait,
-  rollout forward, rollout put).
+  rollout forward, rollout put), and per message of each direction (``request_*``: env ->
+  rollout, end-of-stream messages included; ``reply_*``: rollout -> env) the transport's parts:
+  ``encode`` (producer), ``wire`` (sent to arrival: system call, wake-up, any wait in the
+  socket while the consumer is busy), ``decode`` and ``handoff`` (decoded to taken by ``get``).
 * ``context_switch_ms``: per-iteration device-lock acquire + onload + offload + release overhead
   in collocated mode (the max over groups; on CPU onload/offload move nothing).
 
@@ -98,6 +101,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]
             steps, secs = 0, 0.0
             hops = dict.fromkeys(("env_put", "env_wait", "rollout_wait", "rollout_forward", "rollout_put"), 0.0)
             queries = 0
+            messages = {"request": 0, "reply": 0}  # the per-message parts are per message
             for it in range(iterations + 1):
                 t0 = time.perf_counter()
                 env_out, srv_out = wait_all(g.env.rollout(it), _serve(g, 0))
@@ -112,8 +116,16 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]
                         hops["rollout_wait"] += s["wait_s"]
                         hops["rollout_forward"] += s["forward_s"]
                         hops["rollout_put"] += s["put_s"]
+                    for side, profiles in (("request", [s["request_hops"] for s in srv_out]),
+                                           ("reply", [s["reply_hops"] for s in env_out])):
+                        for p in profiles:
+                            messages[side] += p["messages"]
+                            for part in ("encode", "wire", "decode", "handoff"):
+                                hops[f"{side}_{part}"] = hops.get(f"{side}_{part}", 0.0) + p[f"{part}_s"]
                 g.actor.on(list(range(g.actor.world_size))).train(it).wait()  # drain trajectories
-            breakdown = {f"{k}_ms": round(1000 * v / max(1, queries), 3) for k, v in hops.items()}
+            breakdown = {f"{k}_ms": round(1000 * v / max(1, messages.get(k.split("_")[0], queries)), 3)
+                         for k, v in hops.items()}
+            breakdown["request_messages"] = messages["request"]
             breakdown["queries"] = queries
             return steps / secs, breakdown
         finally:
