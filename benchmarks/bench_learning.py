@@ -106,7 +106,7 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
 
     import torch
 
-    from rlinf_embodied.algorithms.update import lr_lambda, update_policy
+    from rlinf_embodied.algorithms.update import make_optimizer, update_policy
     from rlinf_embodied.runners.single_process import rollout_batch
     from rlinf_embodied.config import load_config
     from rlinf_embodied.envs import make_env
@@ -123,8 +123,7 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     spec = SpaceSpec.from_env(env, obs)
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg.policy, spec)
-    opt = torch.optim.Adam(policy.parameters(), lr=t.lr, eps=1e-5)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.lr_schedule, t.iterations))
+    opt, sched = make_optimizer(policy, t)
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "metrics.jsonl", "w")
     steps, t0 = 0, time.perf_counter()

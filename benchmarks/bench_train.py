@@ -63,7 +63,7 @@ def single_process_steps_per_s(cfg) -> float:
     from rlinf_embodied.envs import make_env
     from rlinf_embodied.policies import build_policy
     from rlinf_embodied.policies.base import SpaceSpec
-    from rlinf_embodied.algorithms.update import update_policy
+    from rlinf_embodied.algorithms.update import make_optimizer, update_policy
     from rlinf_embodied.runners.single_process import rollout_batch
 
     torch.set_num_threads(1)
@@ -72,7 +72,7 @@ def single_process_steps_per_s(cfg) -> float:
     spec = SpaceSpec.from_env(env, obs)
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg.policy, spec)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
+    opt, _ = make_optimizer(policy, cfg.trainer)
     T = cfg.trainer.rollout_steps
     steps, t_start = 0, None
     for it in range(cfg.trainer.iterations):

@@ -19,6 +19,7 @@ from rlinf_embodied.policies.base import (
     check_mode,
 )
 from rlinf_embodied.policies.heads import layer_init, make_action_head, make_mlp
+from rlinf_embodied.policies.normalization import ObsNormalizer
 from torch import nn
 
 from rlinf_embodied.policies.configuration_actor_critic import ActorCriticPolicyConfig
@@ -34,7 +35,10 @@ class ActorCriticPolicy(Policy):
 
     With ``config.shared_critic`` the value head sits on the actor trunk; otherwise the critic
     has its own trunk of the same widths on the same encoder features. Without
-    ``config.critic`` there is no value head and ``values`` is None.
+    ``config.critic`` there is no value head and ``values`` is None. With
+    ``config.normalize_obs`` the ``states`` input (N, S) passes through a running
+    :class:`~rlinf_embodied.policies.normalization.ObsNormalizer` (``obs_norm``) before the
+    encoder.
     """
 
     config_class = ActorCriticPolicyConfig
@@ -43,6 +47,8 @@ class ActorCriticPolicy(Policy):
         self, config: ActorCriticPolicyConfig, spec: SpaceSpec, encoder: nn.Module, feature_dim: int
     ):
         super().__init__(config, spec)
+        self.obs_norm = (ObsNormalizer(spec.state_dim)
+                         if config.normalize_obs and spec.state_dim > 0 else None)
         self.encoder = encoder
         self.actor_trunk, out_dim = make_mlp(feature_dim, config.hidden_sizes, config.activation)
         self.action_head = make_action_head(out_dim, spec, config)
@@ -64,6 +70,8 @@ class ActorCriticPolicy(Policy):
     def _features(
         self, inputs: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.obs_norm is not None and "states" in inputs:
+            inputs = {**inputs, "states": self.obs_norm(inputs["states"])}
         enc = self.encoder(inputs)
         actor = self.actor_trunk(enc)
         if self.value_head is None:
@@ -101,6 +109,17 @@ class ActorCriticPolicy(Policy):
             samples = self.action_head.samples_from_actions(actions.to(features.device))
         logp, entropy = self.action_head.log_prob(features, samples)
         return Evaluation(self.to_granularity(logp), self.to_granularity(entropy), values)
+
+    def update_obs_stats(self, forward_inputs: Mapping[str, torch.Tensor],
+                         valid: torch.Tensor | None = None) -> None:
+        """See :meth:`Policy.update_obs_stats`: merges ``forward_inputs["states"]`` (B, S)
+        (the rows where ``valid``) into ``obs_norm``."""
+        if self.obs_norm is None or "states" not in forward_inputs:
+            return
+        states = forward_inputs["states"]
+        if valid is not None:
+            states = states[valid.to(states.device).bool()]
+        self.obs_norm.update(states)
 
     @torch.no_grad()
     def predict_values(self, obs: Mapping[str, Any]) -> torch.Tensor:

@@ -343,6 +343,19 @@ class Policy(nn.Module, abc.ABC):
             An :class:`Evaluation`; with unchanged weights its log-probs equal the rollout's.
         """
 
+    def update_obs_stats(self, forward_inputs: Mapping[str, torch.Tensor],
+                         valid: torch.Tensor | None = None) -> None:
+        """Refresh running observation statistics from one update's batch (after the update).
+
+        Called by :func:`~rlinf_embodied.algorithms.update.update_policy` on every actor rank
+        (a collective when the policy normalises observations and there are several ranks).
+        Policies without observation normalisation ignore it.
+
+        Args:
+            forward_inputs: the batch's encoder inputs (B, ...).
+            valid: (B,) bool, the rows to use; None = all.
+        """
+
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules that FSDP2 shards as units of their own before the root (transformer
         blocks of a VLA); small policies shard as one unit and return []."""

@@ -28,6 +28,10 @@ class ActorCriticPolicyConfig(PolicyConfig):
     """Box actions: ``clip`` the Gaussian sample to the bounds (log-prob of the unclipped
     sample) or squash it with ``tanh`` (log-prob with the tanh Jacobian). Needs finite bounds
     for ``tanh``."""
+    normalize_obs: bool = False
+    """Normalise ``states`` by their running mean and variance (clipped to +-10), refreshed after
+    every policy update (policies/normalization.py; CleanRL / SB3 ``VecNormalize`` practice).
+    Images are not normalised by it."""
     init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian in normalised [-1, 1] action units
     (ManiSkill PPO baseline: -0.5); learned, state-independent."""

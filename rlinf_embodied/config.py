@@ -346,6 +346,15 @@ class TrainerConfig:
     lr_schedule: str = "constant"
     """``constant``, ``linear`` or ``cosine``."""
     max_grad_norm: float = 0.5
+    critic_lr: Optional[float] = None
+    """Learning rate of the critic's parameters (value head, critic trunk); None uses
+    ``lr``. Fine-tuning a policy with a small action std needs a small ``lr`` (one Adam step
+    moves every weight by about ``lr``, and the KL of a mean shift grows as (shift / std)^2)
+    while the critic still has to fit the RL returns."""
+    critic_warmup_iterations: int = 0
+    """The first this many iterations update only the critic (value head / critic trunk); the
+    policy is frozen, so that fine-tuning a pretrained policy (SFT -> RL) computes its first
+    advantages with a critic fitted to the RL returns instead of an untrained one."""
     pipeline_stages: int = 1
     """Env micro-batches pipelined against generation (paper section 3.3)."""
     join_forwards: bool = False
@@ -376,6 +385,13 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr must be a positive number (got {self.lr}).")
         if not self.max_grad_norm > 0:
             raise ConfigError(f"trainer.max_grad_norm must be > 0 (got {self.max_grad_norm}).")
+        if self.critic_lr is not None and not 0 < self.critic_lr < float("inf"):
+            raise ConfigError(f"trainer.critic_lr must be a positive number or null (got {self.critic_lr}).")
+        if not 0 <= self.critic_warmup_iterations < self.iterations:
+            raise ConfigError(
+                f"trainer.critic_warmup_iterations must be in [0, trainer.iterations) (got "
+                f"{self.critic_warmup_iterations} with {self.iterations} iterations)."
+            )
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(
                 f"trainer.lr_schedule must be constant, linear or cosine (got {self.lr_schedule!r})."
@@ -444,6 +460,13 @@ class JobConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic, preemptible rollout workers (rlinf_embodied/elastic/config.py)."""
+
+    def __post_init__(self):
+        if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
+            raise ConfigError(
+                "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
+                "policy.critic=true or trainer.critic_warmup_iterations=0."
+            )
 
 
 # Sections whose dataclass is chosen by their ``type`` key.

@@ -17,7 +17,43 @@ import torch
 from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
-__all__ = ["compute_advantages", "lr_lambda", "update_policy"]
+__all__ = ["CRITIC_MODULES", "compute_advantages", "is_critic_parameter", "lr_lambda",
+           "make_optimizer", "param_groups", "update_policy"]
+
+CRITIC_MODULES = ("value_head", "critic_trunk")
+"""Names of the critic's submodules in the built-in policies (a parameter belongs to the critic
+when one of its dotted name's parts is one of these)."""
+
+
+def is_critic_parameter(name: str) -> bool:
+    """True for a parameter of the critic (value head or separate critic trunk), given its
+    ``named_parameters`` name (wrapper prefixes are allowed)."""
+    return any(part in CRITIC_MODULES for part in name.split("."))
+
+
+def param_groups(policy, trainer) -> list[dict]:
+    """Optimizer parameter groups of ``policy``'s trainable parameters: one at ``trainer.lr``,
+    or, with ``trainer.critic_lr`` set, the actor's at ``trainer.lr`` then the critic's
+    (:func:`is_critic_parameter`) at ``trainer.critic_lr``."""
+    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    if trainer.critic_lr is None:
+        return [{"params": [p for _, p in named], "lr": trainer.lr}]
+    return [{"params": [p for n, p in named if not is_critic_parameter(n)], "lr": trainer.lr},
+            {"params": [p for n, p in named if is_critic_parameter(n)], "lr": trainer.critic_lr}]
+
+
+def make_optimizer(policy, trainer):
+    """The RL optimizer of ``policy`` and its LR schedule, as every training loop builds them:
+    Adam (eps 1e-5, CleanRL / ManiSkill PPO) over :func:`param_groups`, and a ``LambdaLR`` of
+    :func:`lr_lambda` stepped once per iteration.
+
+    Returns:
+        ``(optimizer, scheduler)``.
+    """
+    optimizer = torch.optim.Adam(param_groups(policy, trainer), lr=trainer.lr, eps=1e-5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(trainer.lr_schedule, trainer.iterations))
+    return optimizer, scheduler
 
 
 def lr_lambda(schedule: str, total_iterations: int) -> Callable[[int], float]:
@@ -50,8 +86,12 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     """One RL update of ``policy`` on a time-major batch (T, N): advantages, then
     ``trainer.update_epochs`` x ``trainer.num_minibatches`` optimizer steps, each accumulated
     over micro-batches of ``trainer.micro_batch_size`` samples, with gradient clipping and the
-    optional ``algorithm.target_kl`` early stop (mean over ranks). Minibatch order is seeded by
-    (run seed, iteration, rank).
+    optional ``algorithm.target_kl`` early stop (mean over ranks); then the policy's running
+    observation statistics take in the batch (:meth:`Policy.update_obs_stats`). Minibatch order
+    is seeded by (run seed, iteration, rank). While ``iteration <
+    trainer.critic_warmup_iterations`` only the critic's parameters (:func:`is_critic_parameter`)
+    get gradients and optimizer steps and the observation statistics stay as they are: the
+    policy acts bit-identically while the value head fits the RL returns.
 
     Args:
         policy: a :class:`~rlinf_embodied.policies.Policy` (sharded or not).
@@ -65,11 +105,25 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
             mean for the early-stop KL.
 
     Returns:
-        Metrics averaged over the minibatches (``train/...``).
+        Metrics averaged over the minibatches (``train/...``; ``train/critic_warmup`` is 1.0
+        during the critic warm-up, else 0.0).
+
+    Raises:
+        ValueError: a critic warm-up iteration for a policy without critic parameters.
     """
     import rlinf_embodied.algorithms  # noqa: F401  (registers the built-ins)
 
     t = cfg.trainer
+    frozen = []
+    warmup = iteration < t.critic_warmup_iterations
+    if warmup:
+        named = list(policy.named_parameters())
+        frozen = [p for n, p in named if not is_critic_parameter(n)]
+        if len(frozen) == len(named):
+            raise ValueError(
+                "trainer.critic_warmup_iterations > 0 but the policy has no critic parameters "
+                f"({', '.join(CRITIC_MODULES)}); set policy.critic=true or the warm-up to 0."
+            )
     adv = compute_advantages(batch, cfg)
     T, N = batch["rewards"].shape
     flat = lambda x: x.reshape(T * N, *x.shape[2:]).to(device)  # noqa: E731
@@ -121,6 +175,8 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
                 (loss * share).backward()
                 for k, v in met.items():
                     mb_metrics[k] = mb_metrics.get(k, 0.0) + float(v) * share
+            for p in frozen:  # no gradient: the optimizer skips them (no step, no decay)
+                p.grad = None
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in policy.parameters() if p.requires_grad], t.max_grad_norm
             )
@@ -137,7 +193,12 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
                 break
         if stop:
             break
+    # Running observation statistics move only between updates, so this update's ratios
+    # started at exactly 1 and the next rollout normalises with the refreshed numbers.
+    if not warmup:
+        policy.update_obs_stats(data["fi"], data["valid"])
     out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
     out["train/minibatches"] = float(count)
+    out["train/critic_warmup"] = float(warmup)
     out["train/valid_fraction"] = float(adv.valid.float().mean())
     return out

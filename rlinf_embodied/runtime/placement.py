@@ -211,7 +211,8 @@ def parse_device_ids(spec: str | int | Sequence[int], num_devices: int, where: s
     if outside:
         raise PlacementError(
             f"{where} {text!r} names device(s) {outside} outside this cluster's devices "
-            f"0-{num_devices - 1}; use ids in 0-{num_devices - 1} or 'all'."
+            f"0-{num_devices - 1}; use ids in 0-{num_devices - 1} or 'all' (on a "
+            f"machine without GPUs, cluster.num_cpu_devices sets the number of devices)."
         )
     return sorted(ids)
 

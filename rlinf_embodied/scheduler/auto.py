@@ -45,14 +45,17 @@ from rlinf_embodied.scheduler.profiles import WorkflowProfile, analytic_default_
 
 __all__ = [
     "auto_plan",
+    "cpu_cores",
     "default_batch_sizes",
     "graph_from_config",
+    "measure_loop",
     "measure_profile",
     "message_sizes",
     "plan_config",
     "plan_for_placement",
     "profile_config_key",
     "profile_for_config",
+    "with_cpu_terms",
 ]
 
 
@@ -204,13 +207,14 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
 
 def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
                     repeats: int = 3, message_repeats: int = 10,
-                    dp_ranks: int = 2, warmup: int = 3) -> WorkflowProfile:
+                    dp_ranks: int = 2, warmup: int = 3,
+                    loop_iterations: int = 0, loop_warmup: int = 2) -> WorkflowProfile:
     """Profile the job's real workers alone and its channel messages; cache and return it.
 
     Launches the env, rollout and actor groups with one rank each on device 0 (taking turns),
     profiles ``profile_step`` / ``profile_act`` (timed inside the workers: the channel messages
     that carry their inputs are measured separately) and ``profile_train`` at
-    :func:`default_batch_sizes`, times the weight sync, then measures channel messages with
+    :func:`default_batch_sizes` for one device, times the weight sync, then measures channel messages with
     :func:`~.profiler.profile_messages` at :func:`message_sizes`. With ``dp_ranks`` > 1 it also
     trains on ``dp_ranks`` actor ranks at once (devices 0.. when the cluster has that many, else
     that many processes on device 0: CPU device slots share the node's cores) and sets the
@@ -228,6 +232,14 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         dp_ranks: Actor ranks of the data-parallel measurement (1: keep ``dp_efficiency`` 1).
         warmup: Untimed calls per batch size first (a freshly built env pool runs its first
             steps slower).
+        loop_iterations: Iterations of the real loop timed on the profiling groups, and again
+            with ``dp_ranks`` actor ranks on devices 0.. when the cluster has that many (a CPU
+            cluster always: its device slots share the same cores) (:func:`measure_loop`; its costs beyond the profiled
+            calls become ``ring_s`` / ``loop_s`` / ``loop_dp_s``, see :func:`with_cpu_terms`);
+            0 (default, what ``placement=auto`` uses: the loop takes about a minute on 2 cores)
+            skips it.
+        loop_warmup: Untimed loop iterations first (fresh processes run their first
+            iterations slower).
     """
     from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
     from rlinf_embodied.runtime import PlacementPlan
@@ -244,13 +256,16 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
             WorkerGroupComponent("actor", groups.actor, "profile_train"),
         ]
         versions = iter(range(1, 1 << 30))
-        sizes = default_batch_sizes(cfg, int(cluster.num_devices))
+        sizes = default_batch_sizes(cfg, 1)  # up to every env on one device
         profile = profile_workflow(
             components, sizes, _device_memory(),
             weight_sync=lambda: groups.sync.push(next(versions)), repeats=repeats,
             warmup=warmup,
         )
         spec = groups.env.on([0]).space_spec().wait()[0]
+        groups.env.profile_close().wait()
+        loop = (measure_loop(groups, versions, loop_iterations, loop_warmup)
+                if loop_iterations else None)
     finally:
         groups.shutdown(keep_cluster=True)
     actor = profile["actor"]
@@ -260,10 +275,146 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         eff = min(1.0, max(1e-3, (actor.time(batch) / t_dp) ** (1.0 / math.log2(dp_ranks))))
         profile = dataclasses.replace(profile, components={
             **profile.components, "actor": dataclasses.replace(actor, dp_efficiency=eff)})
+    loop_dp = None
+    if loop_iterations and dp_ranks > 1 and (dp_ranks <= int(cluster.num_devices)
+                                             or cpu_cores(cluster) > 0):
+        # the real update on dp_ranks actor ranks, one per device slot (ranks of one group on
+        # one slot would each wait for the slot's device lock that the other holds); CPU
+        # device slots are shares of the same cores, so a CPU cluster can always declare them
+        dp_plan = {"context_switch": True, "groups": {
+            "env": {"devices": "0"}, "rollout": {"devices": "0"},
+            "actor": {"devices": f"0-{dp_ranks - 1}"}}}
+        wide = dataclasses.replace(probe, cluster=dataclasses.replace(
+            probe.cluster, num_cpu_devices=max(dp_ranks, probe.cluster.num_cpu_devices)))
+        groups = launch_groups(wide, Path(run_dir), run_id + "-loop-dp", None,
+                               plan=PlacementPlan.from_dict(dp_plan))
+        try:
+            loop_dp = measure_loop(groups, iter(range(1, 1 << 30)), loop_iterations, loop_warmup)
+        finally:
+            groups.shutdown(keep_cluster=True)
     messages = profile_messages(cluster, message_sizes(cfg), repeats=message_repeats)
     profile = dataclasses.replace(profile, messages=messages)
+    profile = with_cpu_terms(profile, cfg, cpu_cores(cluster), loop, loop_dp, dp_ranks)
     save_profile(run_dir, profile_config_key(cfg), profile)
     return profile
+
+
+def cpu_cores(cluster: Any) -> int:
+    """Physical CPU cores the device slots of device 0's node share, or 0 on accelerators.
+
+    CPU device slots (``cluster.num_cpu_devices``) are shares of one node's cores: Ray's CPU
+    count of that node, at most the cores this process may run on (``os.sched_getaffinity``).
+    """
+    import os
+
+    from rlinf_embodied.runtime.device import CPU
+
+    dev0 = cluster.device(0)
+    if dev0.kind != CPU:
+        return 0
+    return max(1, min(int(cluster.node_cpus(dev0.node_id)), len(os.sched_getaffinity(0))))
+
+
+def measure_loop(groups: Any, versions: Any, iterations: int = 2, warmup: int = 1) -> dict:
+    """Run the real training loop (weight sync, rollout, update) on launched ``groups``.
+
+    Returns the medians over ``iterations`` iterations after ``warmup`` of: ``rollout_s`` (the
+    driver's wall time of the env and rollout calls), ``train_s`` (the actor's update, incl.
+    receiving the trajectories), ``env_s`` (the env's own stepping time), ``forward_s`` (the
+    rollout's forwards) and ``requests`` (policy queries answered).
+
+    Args:
+        groups: :class:`~rlinf_embodied.runners.setup.Groups` of one rank each.
+        versions: Iterator of fresh weight versions (the weight sync needs a new one each time).
+        iterations: Iterations timed.
+        warmup: Iterations run first and not timed.
+    """
+    import statistics
+    import time
+
+    from rlinf_embodied.runtime import wait_all
+
+    rows = []
+    for i in range(warmup + iterations):
+        v = next(versions)
+        groups.sync.push(v)
+        t0 = time.perf_counter()
+        serve = groups.rollout.serve(v)
+        env = groups.env.rollout(v)
+        env_stats, serve_stats = wait_all(env, serve)
+        t1 = time.perf_counter()
+        groups.actor.train(v).wait()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            rows.append({"rollout_s": t1 - t0, "train_s": t2 - t1,
+                         "env_s": max(s["env_time_s"] for s in env_stats),
+                         "forward_s": max(s["forward_s"] for s in serve_stats),
+                         "requests": max(s["requests"] for s in serve_stats)})
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def with_cpu_terms(profile: WorkflowProfile, cfg: Any, cores: int, loop: dict | None,
+                   loop_dp: dict | None = None, dp_ranks: int = 2) -> WorkflowProfile:
+    """``profile`` with the CPU facts and the real loop's costs (see :func:`measure_loop`).
+
+    * ``cpu_cores`` = ``cores`` (0 on accelerators: no CPU terms); ``cpu_threads``: the env's
+      pool processes per rank (one thread when it steps in-process), the policy workers' torch
+      threads (the node's cores; the runtime divides them among a group's ranks).
+    * With ``loop`` (one rank each, taking turns on one device slot): env ``ring_s`` = its step
+      in the loop / T minus its profiled step of N envs, rollout ``ring_s`` = forward per request
+      in the loop minus its profiled forward (on CPU; 0 on accelerators, where what the loop adds
+      goes to ``loop_s``); env ``loop_s`` = what is left of the rollout per round after both
+      members' calls and the two ring messages (bookkeeping, resets); actor ``loop_s`` = the
+      update minus the trajectory message and the profiled forward + backward of its calls, per
+      optimizer step (the optimizer update, clipping, advantages).
+    * With ``loop_dp`` (the same loop with ``dp_ranks`` actor ranks): actor ``loop_dp_s`` = its
+      per-step ``loop_s`` there (against the data-parallel forward + backward of its share)
+      minus the single-rank ``loop_s``, per doubling of ranks; when that is negative (the
+      forward + backward probe of ``dp_efficiency`` was slower than the real loop's steps),
+      ``dp_efficiency`` is set so that the loop's steps are what the model predicts.
+    """
+    from rlinf_embodied.scheduler.cost_model import CostModel
+
+    procs = int(getattr(cfg.env, "num_processes", 0) or 0)
+    comps = dict(profile.components)
+    comps["env"] = dataclasses.replace(comps["env"], cpu_threads=float(max(1, procs)))
+    for name in ("rollout", "actor"):
+        comps[name] = dataclasses.replace(comps[name], cpu_threads=float(max(1, cores)),
+                                          cpu_threads_per_rank=False)
+    if loop:
+        cycle, actor = graph_from_config(cfg).stages()
+        n, T = cycle.items, cycle.rounds
+        env_ring = loop["env_s"] / T
+        roll_ring = loop["forward_s"] / max(1, loop["requests"])
+        ring_env = max(0.0, env_ring - comps["env"].time(n)) if cores else 0.0
+        ring_roll = max(0.0, roll_ring - comps["rollout"].time(n)) if cores else 0.0
+        msgs = sum(profile.message_s(b * n, False, 1, k)
+                   for b, k in zip(cycle.ring_bytes, cycle.ring_tensors or (1, 1)))
+        calls = comps["env"].time(n) + ring_env + comps["rollout"].time(n) + ring_roll + msgs
+        comps["env"] = dataclasses.replace(comps["env"], ring_s=ring_env,
+                                           loop_s=max(0.0, loop["rollout_s"] / T - calls))
+        comps["rollout"] = dataclasses.replace(comps["rollout"], ring_s=ring_roll)
+        t = cfg.trainer
+        batch = t.micro_batch_size or actor.items
+        cm = CostModel(dataclasses.replace(profile, components=comps))
+        step = cm.call_time("actor", actor.items, 1, batch)
+        handoff = profile.message_s(actor.in_bytes, False, 1, actor.in_tensors)
+        loop_1 = max(0.0, (loop["train_s"] - handoff) / actor.rounds - step)
+        comps["actor"] = dataclasses.replace(comps["actor"], loop_s=loop_1)
+        if loop_dp:
+            share = -(-actor.items // dp_ranks)
+            step_dp = cm.call_time("actor", actor.items, dp_ranks, t.micro_batch_size or share)
+            per_round = (loop_dp["train_s"] - handoff / dp_ranks) / actor.rounds
+            growth = (per_round - step_dp - loop_1) / math.log2(dp_ranks)
+            a = comps["actor"]
+            if growth >= 0:
+                comps["actor"] = dataclasses.replace(a, loop_dp_s=growth)
+            else:  # the probe's slow-down exceeds the real loop's: the loop's step wins
+                plain = step_dp / a.scale(dp_ranks)
+                need = max(per_round - loop_1, 1e-9)
+                eff = min(1.0, max(1e-3, (plain / need) ** (1.0 / math.log2(dp_ranks))))
+                comps["actor"] = dataclasses.replace(a, dp_efficiency=eff)
+    return dataclasses.replace(profile, components=comps, cpu_cores=int(cores))
 
 
 def _data_parallel_train_s(cfg: Any, cluster: Any, spec: dict, run_id: str, ranks: int,

@@ -18,13 +18,26 @@ Cost formulas (all times in seconds; ``f`` is the fraction of one iteration's da
 processes, 1 at the root):
 
 * Leaf: per round, a device processes ``n = ceil(items * f / d)`` items in ``ceil(n / batch)``
-  calls; time = ``rounds * sum(call times) * dp_efficiency ** -log2(d)``.
+  calls; time = ``rounds * (sum(call times) * dp_efficiency ** -log2(d) + loop_s +
+  loop_dp_s * log2(d))`` (what the real loop adds per round: the optimizer step, and the
+  collectives of ``d`` ranks).
 * Cycle: ``e_i`` is member i's time on one micro-batch (incl. the transfer of its ring input
   when split), ``B_i`` its busy time per round over all ``m`` micro-batches (integer sizes
-  ``q`` and ``q + 1``; member times include their input message). Shared: ``T * sum_i B_i``. Split: ``T * sum_i e_i`` for ``m = 1``; else
+  ``q`` and ``q + 1``; member times include their input message and ``loop_s``). Shared:
+  ``T * sum_i B_i``. Split: ``T * sum_i e_i`` for ``m = 1``; else
   ``max(T * B_b + sum_i e_i - e_b, T * sum_i e_i)`` with ``b`` the bottleneck member - a ring
   pipeline whose bottleneck never idles, plus one pass of the others to fill or drain; exact
   for two members with equal micro-batches.
+* Shared CPU cores (profile ``cpu_cores = C > 0``: CPU device slots are shares of one node's
+  cores, not devices of their own). Members that alternate (shared cycle, or split with
+  ``m = 1``) each pay ``min(ring_s, call time)`` per call: the partner's idle threads still spin
+  on the cores the member needs. In a pipelined split cycle the members compute at the same
+  time, and the cores bound the steady state: ``T * B_b`` becomes
+  ``T * max(B_b, sum_i B_i * min(c_i, C) / C)`` with ``c_i`` member i's CPU demand (threads it
+  keeps busy, :meth:`~.profiles.ComponentProfile.demand`): the pipeline cannot run more
+  core-seconds than the cores supply. Likewise the steady state of a chunked spatial pipeline,
+  ``max_s c_s``, becomes ``max(max_s c_s, sum_s c_s * min(c_s', C) / C)`` with ``c_s'`` the
+  largest demand in stage s. With ``C = 0`` (real accelerators) none of this applies.
 * Fractional work (a chunk of ``x`` items) is the mean over ``floor(x)`` and ``ceil(x)``.
 * Messages: every ring input of a cycle member (per micro-batch and round: the observations of
   its envs to the rollout, their action chunks back) and the data entering a later stage (the
@@ -276,7 +289,7 @@ class CostModel:
                 plan.stage.items * frac,
                 lambda n: self.call_time(plan.name, n, plan.devices, plan.batch),
             )
-            return plan.stage.rounds * per_round
+            return plan.stage.rounds * (per_round + self.profile[plan.name].loop_time(plan.devices))
         if isinstance(plan, Cycle):
             return self._cycle_time(plan, frac)
         if isinstance(plan, Temporal):
@@ -288,7 +301,17 @@ class CostModel:
         c = [self.time(s, sub) for s in stages]
         for i, s in enumerate(stages[1:], 1):
             c[i] += self.handoff_time(s, sub, apart=True, devices=plan.devices)
-        return sum(c) + (plan.chunks - 1) * max(c)
+        steady = max(c)
+        cores = self.profile.cpu_cores
+        if cores > 0 and plan.chunks > 1:
+            use = [min(self.plan_demand(s), cores) / cores for s in stages]
+            steady = max(steady, sum(ci * u for ci, u in zip(c, use)))
+        return sum(c) + (plan.chunks - 1) * steady
+
+    def plan_demand(self, plan: Plan) -> float:
+        """Largest CPU demand (busy threads) of one worker group of ``plan`` on its devices."""
+        ranges = assign_devices(plan)
+        return max(self.profile[n].demand(hi - lo + 1) for n, (lo, hi) in ranges.items())
 
     def handoff_time(self, plan: Plan, frac: float, apart: bool, devices: int) -> float:
         """Seconds of the channel message carrying ``frac`` of the data entering ``plan`` from
@@ -310,19 +333,30 @@ class CostModel:
             self._calls[key] = hit
         return hit
 
-    def member_times(self, plan: Cycle, micro_batch: int) -> list[float]:
+    def member_times(self, plan: Cycle, micro_batch: int,
+                     concurrent: bool | None = None) -> list[float]:
         """Seconds each cycle member needs for one micro-batch of ``micro_batch`` envs
         (incl. the channel message bringing its ring input: the observations for the rollout,
-        the action chunks for the env)."""
+        the action chunks for the env; the real loop's ``loop_s``; and, when the members
+        alternate on shared CPU cores, ``min(ring_s, call time)``). ``concurrent`` says whether
+        the members compute at the same time (default: a split ring of several micro-batches)."""
         out = []
         ring = plan.stage.ring_bytes
         tensors = plan.stage.ring_tensors or (1,) * len(ring)
+        if concurrent is None:
+            concurrent = plan.split and min(plan.micro_batches, plan.stage.items) > 1
+        alternate = self.profile.cpu_cores > 0 and not concurrent
         for i, (member, d) in enumerate(zip(plan.stage.members, plan.member_devices())):
+            prof = self.profile[member]
             t = self.call_time(member, micro_batch, d, max(1, _ceil(micro_batch / d)))
+            if alternate:
+                t += min(prof.ring_s, t)
+            t += prof.loop_s
             t += self.profile.message_s(ring[i - 1] * micro_batch, plan.split, plan.devices,
                                         tensors[i - 1])
             out.append(t)
         return out
+
 
     def _cycle_time(self, plan: Cycle, frac: float) -> float:
         return _mix(plan.stage.items * frac, lambda n: self._cycle_items(plan, n))
@@ -333,15 +367,22 @@ class CostModel:
         over them."""
         T, m = plan.stage.rounds, min(plan.micro_batches, max(items, 1))
         q, r = divmod(items, m)
-        big = self.member_times(plan, q + 1 if r else q)
-        small = self.member_times(plan, q) if q else [0.0] * len(big)
+        par = plan.split and m > 1
+        big = self.member_times(plan, q + 1 if r else q, par)
+        small = self.member_times(plan, q, par) if q else [0.0] * len(big)
         busy = [r * b + (m - r) * s for b, s in zip(big, small)]
         if not plan.split:
             return T * sum(busy)
         if m == 1:
             return T * sum(big)
         i = max(range(len(busy)), key=busy.__getitem__)
-        return max(T * busy[i] + sum(big) - big[i], T * sum(big))
+        steady = busy[i]
+        cores = self.profile.cpu_cores
+        if cores > 0:  # the members share the node's cores: core-seconds bound the pipeline
+            use = [min(self.profile[mb].demand(d), cores) / cores
+                   for mb, d in zip(plan.stage.members, plan.member_devices())]
+            steady = max(steady, sum(b * u for b, u in zip(busy, use)))
+        return max(T * steady + sum(big) - big[i], T * sum(big))
 
     def swap_time(self, plan: Plan) -> float:
         """Offload + onload seconds of every component of ``plan`` (one switch each way)."""

@@ -18,6 +18,15 @@ time is multiplied by ``dp_efficiency ** -log2(d)`` (a fixed efficiency loss per
 training pays for the gradient all-reduce (default analytic value 0.97 per doubling, an
 assumption, not a paper number).
 
+CPU cores (CPU-only clusters): CPU device slots are shares of one node's cores, so groups on
+different slots are not independent devices. :attr:`WorkflowProfile.cpu_cores` records the cores
+the slots share (0 on accelerators, where nothing below applies), each component its busy threads
+(``cpu_threads``), the extra cost per call of alternating with its ring partner on those cores
+(``ring_s``: the partner's idle OpenMP threads spin for milliseconds after each of its calls),
+and every component what the real training loop adds beyond its profiled calls (``loop_s``,
+``loop_dp_s``). All of them are measured by running the real loop on the profiling groups
+(:func:`~rlinf_embodied.scheduler.auto.measure_profile`).
+
 Messages (paper section 3.5): every channel message between two worker groups costs a fixed
 per-message time (the channel's protocol: queue, serialisation, process wake-ups) plus a
 per-byte time, and both depend on where producer and consumer run. A :class:`MessageProfile`
@@ -88,6 +97,24 @@ class ComponentProfile:
             with the call's batch (a GPU simulator keeps every env's state resident; section
             5.1.2, ManiSkill's memory-limited env scaling); ``peak_bytes`` is then per hosted
             envs, and micro-batching does not reduce it.
+        cpu_threads: Threads one rank keeps busy while it computes (env processes of an env
+            pool; torch intra-op threads of a policy worker); 0 when unknown. Used only where
+            device slots share a node's CPU cores (:attr:`WorkflowProfile.cpu_cores` > 0).
+        cpu_threads_per_rank: True when every rank brings ``cpu_threads`` threads of its own
+            (env pools); False when the runtime divides the node's cores among the group's
+            ranks (torch threads: ``node CPUs // ranks``), so the group's demand stays
+            ``cpu_threads`` however many ranks it has.
+        ring_s: Extra seconds per call when the component alternates with its ring partner on
+            shared CPU cores (measured in the real interaction loop: after each call the
+            partner's idle OpenMP threads keep spinning on the cores for milliseconds, libgomp's
+            ``GOMP_SPINCOUNT``); 0 on real accelerators.
+        loop_s: Seconds the real training loop adds per call of a cycle member (per micro-batch
+            and round: trajectory bookkeeping, episode resets spread over the rounds) or per
+            round of a leaf (per optimizer step: the optimizer update, gradient clipping and
+            advantage estimation that the profiled forward + backward leaves out).
+        loop_dp_s: Seconds ``loop_s`` grows per doubling of data-parallel ranks (the real
+            update's collectives: gradient-norm and metric all-reduces, on ranks that may share
+            the cores).
 
     Raises:
         ValueError: on empty or unsorted batch sizes, mismatched lengths or out-of-range values.
@@ -103,6 +130,11 @@ class ComponentProfile:
     offload_s: float = 0.0
     dp_efficiency: float = 1.0
     stateful_items: bool = False
+    cpu_threads: float = 0.0
+    cpu_threads_per_rank: bool = True
+    ring_s: float = 0.0
+    loop_s: float = 0.0
+    loop_dp_s: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
@@ -124,6 +156,12 @@ class ComponentProfile:
         if not 0.0 < self.dp_efficiency <= 1.0:
             raise ValueError(
                 f"Profile {self.name!r}: dp_efficiency must be in (0, 1] (got {self.dp_efficiency})."
+            )
+        if min(self.cpu_threads, self.ring_s, self.loop_s, self.loop_dp_s) < 0:
+            raise ValueError(
+                f"Profile {self.name!r}: cpu_threads, ring_s, loop_s and loop_dp_s must be >= 0 "
+                f"(got {self.cpu_threads}, {self.ring_s}, {self.loop_s}, {self.loop_dp_s}); "
+                "re-profile."
             )
 
     def time(self, batch: float) -> float:
@@ -149,6 +187,14 @@ class ComponentProfile:
         items = hosted if (self.stateful_items and hosted is not None) else batch
         return static + self.activation_bytes(items)
 
+    def loop_time(self, devices: int = 1) -> float:
+        """``loop_s`` on ``devices`` data-parallel ranks (plus ``loop_dp_s`` per doubling)."""
+        return self.loop_s + (self.loop_dp_s * math.log2(devices) if devices > 1 else 0.0)
+
+    def demand(self, devices: int) -> float:
+        """CPU threads the group keeps busy on ``devices`` device slots while it computes."""
+        return self.cpu_threads * (devices if self.cpu_threads_per_rank else 1)
+
     def scale(self, devices: int) -> float:
         """Multiplier of per-device time on ``devices`` data-parallel devices (>= 1)."""
         return self.dp_efficiency ** (-math.log2(devices)) if devices > 1 else 1.0
@@ -163,6 +209,9 @@ class ComponentProfile:
             static_bytes=self.static_bytes * memory_factor,
             onload_s=self.onload_s * time_factor,
             offload_s=self.offload_s * time_factor,
+            ring_s=self.ring_s * time_factor,
+            loop_s=self.loop_s * time_factor,
+            loop_dp_s=self.loop_dp_s * time_factor,
         )
 
 
@@ -267,6 +316,12 @@ class WorkflowProfile:
             device groups cost :meth:`transfer_s` (the model before messages were profiled).
         devices_per_node: Devices of one node (0: all devices on one node); groups whose
             devices together exceed it exchange ``cross_node`` messages.
+        cpu_cores: Physical CPU cores that the device slots of a node share (CPU device slots
+            are shares of one node, not devices of their own), or 0 when the devices are real
+            accelerators. With cores > 0 the cost model charges the CPU: ring members pay
+            their :attr:`ComponentProfile.ring_s`, and groups that run at the same time (a
+            pipelined ring, a chunked spatial pipeline) can go no faster than their core-seconds
+            over ``cpu_cores``.
     """
 
     components: Mapping[str, ComponentProfile]
@@ -278,6 +333,7 @@ class WorkflowProfile:
     source: str = "measured"
     messages: MessageProfile | None = None
     devices_per_node: int = 0
+    cpu_cores: int = 0
 
     def __getitem__(self, name: str) -> ComponentProfile:
         try:

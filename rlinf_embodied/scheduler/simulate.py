@@ -5,7 +5,9 @@ iteration out: items are split into integer chunks, micro-batches and per-rank s
 when they do not divide), every call is an event on its device group's resource, micro-batches
 of a split cycle circulate through the ring with FIFO queues at each member, pipeline chunks of a
 spatial plan wait for their previous stage and for the stage's devices, and a temporal plan runs
-its sides back to back with the switch costs. Optional multiplicative jitter on every call
+its sides back to back with the switch costs. Calls pay the profile's ``loop_s`` and, on shared
+CPU cores, ``ring_s`` as in the cost model; the core-seconds bound of stages that compute at the
+same time on shared cores is the cost model's alone (events here only wait for their devices). Optional multiplicative jitter on every call
 (``jitter=0.1`` draws each call time from ``U(0.9, 1.1)`` times the profile) estimates how
 sensitive a plan is to variance. Profiles are per device, so clusters of any size (8 to 1024
 devices) can be simulated on a laptop.
@@ -88,6 +90,7 @@ class _Sim:
             items = _portion(plan.stage.items, items_frac)
             for _ in range(plan.stage.rounds):
                 t0 += self.calls(plan.name, items, plan.devices, plan.batch)
+                t0 += self.profile[plan.name].loop_time(plan.devices)
             return t0
         if isinstance(plan, Cycle):
             return self._cycle(plan, _portion(plan.stage.items, items_frac), t0)
@@ -132,6 +135,8 @@ class _Sim:
         free = [t0] * (len(members) if plan.split else 1)
         ring = plan.stage.ring_bytes
         tensors = plan.stage.ring_tensors or (1,) * len(ring)
+        pipelined = plan.split and sum(1 for n in sizes if n > 0) > 1
+        alternate = self.profile.cpu_cores > 0 and not pipelined
         # event: (ready time, seq, micro-batch, round, member index)
         heap = [(t0, j, j, 0, 0) for j in range(len(sizes)) if sizes[j] > 0]
         heapq.heapify(heap)
@@ -142,7 +147,11 @@ class _Sim:
             start = max(ready, free[res])
             start += self.profile.message_s(ring[i - 1] * sizes[j], plan.split, plan.devices,
                                             tensors[i - 1])
-            done = start + self.calls(members[i], sizes[j], devs[i], sizes[j])
+            call = self.calls(members[i], sizes[j], devs[i], sizes[j])
+            prof = self.profile[members[i]]
+            if alternate:
+                call += min(prof.ring_s, call)
+            done = start + call + prof.loop_s
             free[res] = done
             nxt_i, nxt_r = (i + 1) % len(members), r + (i + 1) // len(members)
             if nxt_r < rounds:

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from rlinf_embodied.algorithms.update import is_critic_parameter
 from rlinf_embodied.sft.config import BCConfig
 from rlinf_embodied.sft.dataset import DemoDataset
 
-__all__ = ["space_spec_of", "train_bc"]
+__all__ = ["fit_log_std", "space_spec_of", "train_bc"]
 
 
 def space_spec_of(env_cfg: Any):
@@ -38,6 +39,39 @@ def space_spec_of(env_cfg: Any):
         env.close()
 
 
+def fit_log_std(policy, data: DemoDataset, cfg: BCConfig) -> torch.Tensor | None:
+    """Set a Gaussian head's log-std from the demos, in place, after its mean is fitted.
+
+    With ``cfg.fit_log_std`` the log-std becomes the maximum-likelihood value of a
+    state-independent Gaussian around the greedy actions: the log RMS residual per action dim,
+    in the head's normalised units (its gradient steps move it by about ``lr`` per step, far
+    too slowly to get there). Then ``cfg.min_log_std`` / ``cfg.max_log_std`` bound it.
+
+    Args:
+        policy: the behaviour-cloned policy.
+        data: the demonstrations (states (M, S), actions (M, K, A) in env units).
+        cfg: ``fit_log_std``, ``min_log_std``, ``max_log_std``.
+
+    Returns:
+        The head's log-std (K * A,) after the fit, or None for a head without one.
+    """
+    head = getattr(policy, "action_head", None)
+    log_std = getattr(head, "log_std", None)
+    if log_std is None:
+        return None
+    with torch.no_grad():
+        if cfg.fit_log_std:
+            greedy = policy.act({"states": data.states}, mode="greedy").actions
+            res = head.samples_from_actions(data.actions) - head.samples_from_actions(greedy)
+            rms = (res.float() ** 2).mean(0).sqrt().reshape(log_std.shape)
+            log_std.copy_(rms.clamp(min=1e-6).log())
+        if cfg.min_log_std is not None:
+            log_std.clamp_(min=cfg.min_log_std)
+        if cfg.max_log_std is not None:
+            log_std.clamp_(max=cfg.max_log_std)
+    return log_std.detach()
+
+
 def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, float]:
     """Fit ``policy`` to the demonstrations in place.
 
@@ -50,7 +84,7 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
         log: progress printer (called every 10% of the steps).
 
     Returns:
-        ``{"bc/nll": final mean NLL per action, "bc/mse": mean squared error of the greedy
+        ``{"bc/nll": mean NLL per action dim of all demos with the final log-std, "bc/mse": mean squared error of the greedy
         action in env units, "bc/value_mse": critic error on the demo returns (NaN when
         not fitted), "bc/log_std": mean log-std after the floor, "bc/seconds": wall,
         "bc/transitions": M}``.
@@ -68,7 +102,7 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
     fit_value = cfg.value_gamma is not None and getattr(policy, "value_head", None) is not None
     returns = data.returns(cfg.value_gamma) if fit_value else None
     params = [p for n, p in policy.named_parameters()
-              if fit_value or not n.startswith(("value_head", "critic_trunk"))]
+              if fit_value or not is_critic_parameter(n)]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, cfg.steps))
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -91,22 +125,24 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
         opt.step()
         sched.step()
         if (step + 1) % max(1, cfg.steps // 10) == 0:
-            extra = f", value loss {float(vloss):.3f}" if fit_value else ""
+            extra = f", value loss {float(vloss.detach()):.3f}" if fit_value else ""
             log(f"  bc step {step + 1}/{cfg.steps}: nll per action dim {float(nll):.3f}{extra}")
     policy.eval()
-    head = getattr(policy, "action_head", None)
-    log_std = getattr(head, "log_std", None)
     with torch.no_grad():
-        if log_std is not None and cfg.min_log_std is not None:
-            log_std.clamp_(min=cfg.min_log_std)
         out = policy.act({"states": data.states}, mode="greedy")
         mse = float(((out.actions.float() - data.actions) ** 2).mean())
         value_mse = float(((out.values - returns) ** 2).mean()) if fit_value else float("nan")
+    log_std = fit_log_std(policy, data, cfg)
+    with torch.no_grad():
+        ev = policy.evaluate(policy.inputs_from_obs({"states": data.states}), data.actions)
+        nll = -ev.logprobs.mean() / A
     return {
         "bc/value_mse": value_mse,
         "bc/nll": float(nll),
         "bc/mse": mse,
         "bc/log_std": float(log_std.mean()) if log_std is not None else float("nan"),
+        "bc/log_std_min": float(log_std.min()) if log_std is not None else float("nan"),
+        "bc/log_std_max": float(log_std.max()) if log_std is not None else float("nan"),
         "bc/seconds": time.perf_counter() - t0,
         "bc/transitions": float(M),
     }

@@ -53,11 +53,27 @@ class BCConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    fit_log_std: bool = True
+    """After BC, set a Gaussian head's log-std to its maximum-likelihood value given the fitted
+    mean (log RMS residual per action dim, normalised units). The log-std's gradient steps move
+    it by about ``lr`` per step, so 2000 steps leave it near its initial -0.5 .. -1.5, an action
+    noise larger than most demonstrated joint deltas: the sampled actions the RL stage's
+    rollouts take then never succeed although the greedy ones do."""
     min_log_std: float | None = -1.5
-    """After BC, raise a Gaussian head's log-std to at least this (normalised action units),
-    so that RL fine-tuning still explores; None keeps the fitted value."""
+    """After BC (and the fit), raise a Gaussian head's log-std to at least this (normalised
+    action units), so that RL fine-tuning still explores; None keeps the fitted value."""
+    max_log_std: float | None = None
+    """Then lower it to at most this; None: no upper bound."""
     seed: int = 0
     """Torch seed of initialisation and minibatch order."""
+
+    def __post_init__(self):
+        if (self.min_log_std is not None and self.max_log_std is not None
+                and self.min_log_std > self.max_log_std):
+            raise ConfigError(
+                f"bc.min_log_std ({self.min_log_std}) must be <= bc.max_log_std "
+                f"({self.max_log_std})."
+            )
     value_gamma: float | None = 0.8
     """Also fit the critic (if the policy has one) to the demos' discounted returns with this
     discount (the RL stage's ``algorithm.gamma``), so RL fine-tuning does not start from a

@@ -30,6 +30,7 @@ __all__ = [
     "evaluate_checkpoint",
     "gate_for_job",
     "read_record",
+    "sampled_success",
     "write_record",
 ]
 
@@ -124,9 +125,16 @@ def _recorded_rate(record: dict[str, Any], trials: int) -> tuple[float, int]:
     return sum(bool(e.success) for e in eps) / len(eps), len(eps)
 
 
+def _protocol_seed(name: str) -> int:
+    """``env_seed`` (seed of trial 0) of the evaluation protocol ``name``."""
+    from rlinf_embodied.eval.protocols import get_protocol
+
+    return int(get_protocol(name).env_seed)
+
+
 def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
                episodes: int | None = None, tolerance: float | None = None,
-               log=print) -> dict[str, Any]:
+               log=print, sampled: bool = True) -> dict[str, Any]:
     """Re-evaluate an SFT checkpoint under ``env_cfg`` and compare with its record.
 
     Args:
@@ -136,10 +144,13 @@ def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
         episodes: trials to re-evaluate; None uses the record's ``gate_episodes``.
         tolerance: allowed drop of the success rate; None uses the record's.
         log: printer.
+        sampled: once passed, also measure the success of *sampled* actions on the same
+            trials (:func:`sampled_success`; reported, not gated on) and warn when it is more
+            than ``tolerance`` below the greedy one.
 
     Returns:
-        ``{"recorded", "measured", "episodes", "tolerance", "passed": True, ...}`` (also
-        written to ``out_dir/gate.json``).
+        ``{"recorded", "measured", "episodes", "tolerance", "passed": True, "sampled",
+        "sampled_ci95", "log_std", ...}`` (also written to ``out_dir/gate.json``).
 
     Raises:
         GateError: no record next to the checkpoint, or the measured success rate is more
@@ -158,10 +169,23 @@ def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
     result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
               "passed": ev["rate"] >= recorded - tol}
+    if sampled and result["passed"]:
+        sp = sampled_success(checkpoint, env_cfg, n,
+                             env_seed=_protocol_seed(record["protocol"]),
+                             num_processes=getattr(env_cfg, "num_processes", 2))
+        result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
+        result["log_std"] = sp["log_std"]
     atomic_write_json(out_dir / "gate.json", result)
     verdict = "passed" if result["passed"] else "FAILED"
     log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{n - 1} "
         f"under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
+    if "sampled" in result:
+        log(f"  sampled actions (what RL rollouts take; mean log-std {result['log_std']:.2f}) "
+            f"score {result['sampled']:.2f} on the same trials")
+        if result["sampled"] < ev["rate"] - tol:
+            log("  warning: the sampled actions succeed far less often than the greedy ones, "
+                "so RL sees few successes; fit a tighter log-std in BC (bc.fit_log_std, "
+                "bc.min_log_std).")
     if not result["passed"]:
         raise GateError(
             f"The SFT checkpoint {checkpoint} scores {ev['rate']:.2f} success under the RL run's "
@@ -185,3 +209,69 @@ def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | N
     if not ckpt or read_record(ckpt) is None or getattr(cfg.env, "type", None) != "maniskill":
         return None
     return check_gate(ckpt, cfg.env, run_dir, log=log)
+
+
+def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, *,
+                    env_seed: int = 1_000_000, sample_seed: int = 0, num_envs: int = 10,
+                    num_processes: int = 2, log_std: float | None = None) -> dict[str, Any]:
+    """``success_once`` of a checkpoint's *sampled* actions (the RL stage's rollouts) on
+    held-out trials 0..trials-1, next to which the greedy evaluation can be read.
+
+    RL fine-tuning learns only from what its sampled rollouts reach: a Gaussian head whose
+    log-std is wide compared with the cloned actions can score well greedily and never
+    succeed when sampling, so PPO sees no success at all.
+
+    Args:
+        checkpoint: policy directory of :func:`~rlinf_embodied.policies.save_policy`.
+        env_cfg: the ManiSkill EnvConfig of the episodes (its ``max_episode_steps`` is the
+            horizon; terminations are ignored as in ``maniskill_fair_v1``).
+        trials: trial i resets with seed ``env_seed + i`` (the fair protocol's seeds).
+        env_seed: seed of trial 0 (``maniskill_fair_v1``: 1_000_000).
+        sample_seed: torch seed of the action noise.
+        num_envs: envs stepped together (trials run in rounds of this many; the last round
+            may run extra envs whose results are dropped).
+        num_processes: env pool processes.
+        log_std: replace the Gaussian head's log-std (normalised action units) by this value
+            first; None keeps the checkpoint's.
+
+    Returns:
+        ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std"}`` (``log_std``:
+        mean log-std used, NaN for heads without one).
+
+    Raises:
+        ValueError: ``trials`` < 1.
+    """
+    import torch
+
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.eval.stats import wilson_interval
+    from rlinf_embodied.policies import load_policy
+
+    if trials < 1:
+        raise ValueError(f"sampled_success needs trials >= 1 (got {trials}).")
+    policy = load_policy(Path(checkpoint), map_location="cpu").eval()
+    head_std = getattr(getattr(policy, "action_head", None), "log_std", None)
+    if log_std is not None and head_std is not None:
+        with torch.no_grad():
+            head_std.fill_(float(log_std))
+    n = max(1, min(num_envs, trials))
+    env = make_env(dataclasses.replace(env_cfg, num_envs=n, num_processes=num_processes,
+                                       ignore_terminations=True, video=False))
+    torch.manual_seed(sample_seed)
+    wins = 0
+    try:
+        horizon = int(env_cfg.max_episode_steps)
+        for start in range(0, trials, n):
+            obs, _ = env.reset(seed=env_seed + start)
+            once = torch.zeros(n, dtype=torch.bool)
+            for _ in range(horizon):
+                with torch.no_grad():
+                    act = policy.act(obs, mode="sample").actions
+                obs, _, _, _, info = env.step(act[:, 0])
+                once |= info["success"].bool()
+            wins += int(once[:min(n, trials - start)].sum())
+    finally:
+        env.close()
+    lo, hi = wilson_interval(wins, trials)
+    return {"rate": wins / trials, "ci95": [lo, hi], "successes": wins, "episodes": trials,
+            "log_std": float(head_std.detach().mean()) if head_std is not None else float("nan")}

@@ -142,7 +142,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
 
 
 def summarize(cfg: SFTJobConfig) -> dict[str, Any]:
-    """``summary.json``: SFT and RL results on the same trials, Wilson intervals, McNemar."""
+    """``summary.json``: SFT and RL results on the same trials, Wilson intervals, McNemar, and
+    the step-0 gate's result (greedy and sampled success of the SFT checkpoint)."""
     from rlinf_embodied.eval.report import compare
 
     run = cfg.run_dir()
@@ -158,6 +159,9 @@ def summarize(cfg: SFTJobConfig) -> dict[str, Any]:
                   "success_at_end_ci95": rl.get("success_at_end_ci95"),
                   "episodes": rl["episodes"]},
            "paired": c["overall"]}
+    gate = run / "rl" / "gate.json"
+    if gate.is_file():  # the step-0 gate: greedy and sampled success of the SFT checkpoint
+        out["gate"] = json.loads(gate.read_text())
     atomic_write_json(run / "summary.json", out)
     return out
 

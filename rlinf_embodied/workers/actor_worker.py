@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlinf_embodied.algorithms.update import lr_lambda, update_policy
+from rlinf_embodied.algorithms.update import make_optimizer, param_groups, update_policy
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 from rlinf_embodied.workers.env_worker import ChannelNames, cat_env_axis
@@ -78,11 +78,7 @@ class ActorWorker(Worker):
         fully_shard(self.policy, **kw)
         for name in ("evaluate", "act", "predict_values"):
             register_fsdp_forward_method(self.policy, name)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(params, lr=t.lr, eps=1e-5)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.lr_schedule, t.iterations)
-        )
+        self.optimizer, self.scheduler = make_optimizer(self.policy, t)
         if checkpoint:
             self._load_training_state(Path(checkpoint))
         return self.version
@@ -99,6 +95,8 @@ class ActorWorker(Worker):
             return None
         if trainable_only:
             names = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+            # running observation statistics change every update, like trainable weights
+            names |= {n for n, _ in self.policy.named_buffers() if ".obs_norm." in f".{n}"}
             sd = {k: v for k, v in sd.items() if k in names}
         return sd
 
@@ -190,9 +188,10 @@ class ActorWorker(Worker):
         # apply a changed schedule (trainer.iterations extended on --resume) only from its next
         # step, one iteration late. Unchanged schedules give the same float (same formula).
         t = self.cfg.trainer
-        self.scheduler.base_lrs = [t.lr] * len(self.optimizer.param_groups)
-        for g, lam in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
-            g["lr"] = t.lr * lam(self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [g["lr"] for g in param_groups(self.policy, t)]
+        for g, base, lam in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                self.scheduler.lr_lambdas):
+            g["lr"] = base * lam(self.scheduler.last_epoch)
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.version = int(st["version"])
         rng = directory / f"actor_rng_rank{self.rank}.pt"

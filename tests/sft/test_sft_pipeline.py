@@ -71,7 +71,20 @@ def test_bc_fits_the_demos_and_the_sft_checkpoint_succeeds(pipeline):
     cfg, _, out = pipeline
     bc, ev = out["bc"], out["evaluation"]
     assert bc["bc/mse"] < 0.01  # greedy actions match the demo actions (range [-1, 1])
-    assert bc["bc/log_std"] >= cfg.bc.min_log_std - 1e-6
+    assert bc["bc/log_std_min"] >= cfg.bc.min_log_std - 1e-6
+    # bc.fit_log_std: the log-std is the log RMS residual of the greedy actions per dim
+    # (floored), computed here from the saved checkpoint and the demos
+    from rlinf_embodied.policies import load_policy
+    from rlinf_embodied.sft.dataset import DemoDataset
+
+    policy = load_policy(cfg.run_dir() / "sft" / "policy").eval()
+    data = DemoDataset(_demo_path(pipeline))
+    with torch.no_grad():
+        greedy = policy.act({"states": data.states}, mode="greedy").actions
+    rms = ((greedy - data.actions) ** 2).mean(0).sqrt().flatten()  # action range is [-1, 1]
+    want = rms.clamp(min=1e-6).log().clamp(min=cfg.bc.min_log_std)
+    torch.testing.assert_close(policy.action_head.log_std.detach(), want, atol=1e-4, rtol=0)
+    assert float(want.mean()) < -2.0  # far below the -0.5 the head starts from
     assert bc["bc/value_mse"] < 1.0  # returns are up to 1 / (1 - 0.8) = 5
     assert ev["episodes"] == 2
     assert ev["rate"] >= 0.5  # replays the cloned motion from the demos' initial states
@@ -79,6 +92,23 @@ def test_bc_fits_the_demos_and_the_sft_checkpoint_succeeds(pipeline):
     assert lo < ev["rate"] < hi or ev["rate"] in (lo, hi)
     rec = json.loads((cfg.run_dir() / "sft" / "sft_record.json").read_text())
     assert rec["evaluation"]["rate"] == ev["rate"]
+
+
+def _demo_path(pipeline):
+    return pipeline[1].path
+
+
+def test_sampled_success_is_greedy_at_tiny_noise_and_fails_with_wide_noise(pipeline):
+    from rlinf_embodied.sft.gate import sampled_success
+
+    cfg, _, out = pipeline
+    ckpt = cfg.run_dir() / "sft" / "policy"
+    kw = dict(num_envs=2, num_processes=0)
+    near = sampled_success(ckpt, cfg.env, 2, log_std=-12.0, **kw)
+    assert near["rate"] == out["evaluation"]["rate"] and near["episodes"] == 2
+    wide = sampled_success(ckpt, cfg.env, 2, log_std=1.0, **kw)
+    assert wide["rate"] == 0.0 and wide["log_std"] == 1.0
+    assert wide["ci95"][0] == 0.0 < wide["ci95"][1]
 
 
 def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path):
@@ -92,6 +122,10 @@ def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path
                       [f"policy.checkpoint={ckpt}", "env.num_processes=0"])
     res = gate_for_job(job, tmp_path / "good")  # what `train` runs before starting RL
     assert res["passed"] and res["measured"] == res["recorded"] == out["evaluation"]["rate"]
+    logged = json.loads((tmp_path / "good" / "gate.json").read_text())
+    assert 0.0 <= logged["sampled"] <= 1.0 and logged["episodes"] == 2
+    assert logged["log_std"] == pytest.approx(
+        float(load_policy(ckpt).action_head.log_std.detach().mean()))
 
     # The same record, but weights that do not move the robot (a fresh, untrained policy).
     good = load_policy(ckpt)
