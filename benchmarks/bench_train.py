@@ -19,6 +19,9 @@ Prints one JSON line last:
   rollout, end-of-stream messages included; ``reply_*``: rollout -> env) the transport's parts:
   ``encode`` (producer), ``wire`` (sent to arrival: system call, wake-up, any wait in the
   socket while the consumer is busy), ``decode`` and ``handoff`` (decoded to taken by ``get``).
+* ``framework_iteration``: the main job's mean iteration after the first, in seconds: wall
+  ``iteration_s`` and the runner's ``time/...`` parts (``rollout_s`` contains ``env_step_s`` and
+  ``generate_s``, which overlap).
 * ``context_switch_ms``: per-iteration device-lock acquire + onload + offload + release overhead
   in collocated mode (the max over groups; on CPU onload/offload move nothing).
 
@@ -46,8 +49,13 @@ from rlinf_embodied.config import load_config  # noqa: E402
 MAIN = ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml"
 
 
-def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float]:
-    """(env steps/s after the first iteration, mean context switch ms per iteration)."""
+ITERATION_PARTS = ("rollout_s", "env_step_s", "generate_s", "train_s", "weight_sync_s", "context_switch_s")
+"""The main job's per-iteration ``time/...`` metrics that ``framework_iteration`` averages."""
+
+
+def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float, dict]:
+    """(env steps/s after the first iteration, mean context switch ms per iteration, the mean
+    iteration breakdown in seconds: wall ``iteration_s`` and the runner's ``time/...`` parts)."""
     from rlinf_embodied.runners.embodied import EmbodiedRunner
 
     EmbodiedRunner(cfg, run_dir).run()
@@ -55,7 +63,10 @@ def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float]:
     steps = hist[-1]["env_steps"] - hist[0]["env_steps"]
     secs = hist[-1]["time_s"] - hist[0]["time_s"]
     switch = [h["time/context_switch_s"] for h in hist[1:]]
-    return steps / secs, 1000 * sum(switch) / max(1, len(switch))
+    timed = hist[1:]  # the first iteration warms up
+    parts = {"iteration_s": round(secs / max(1, len(timed)), 4)}
+    parts.update({k: round(sum(h[f"time/{k}"] for h in timed) / max(1, len(timed)), 4) for k in ITERATION_PARTS})
+    return steps / secs, 1000 * sum(switch) / max(1, len(switch)), parts
 
 
 def single_process_steps_per_s(cfg) -> float:
@@ -248,10 +259,11 @@ def main() -> None:
     result = {"quick": args.quick}
     with tempfile.TemporaryDirectory() as d:
         cfg = load_config(MAIN, common + [f"run.dir={d}/fw"])
-        fw, switch_ms = framework_steps_per_s(cfg, Path(d) / "fw")
+        fw, switch_ms, fw_parts = framework_steps_per_s(cfg, Path(d) / "fw")
     sp = single_process_steps_per_s(cfg)
     result.update(framework_steps_per_s=round(fw, 1), single_process_steps_per_s=round(sp, 1),
-                  framework_vs_single_process=round(fw / sp, 3), context_switch_ms=round(switch_ms, 2))
+                  framework_vs_single_process=round(fw / sp, 3), context_switch_ms=round(switch_ms, 2),
+                  framework_iteration=fw_parts)
     # Pipelining: envs in the env worker's process (one core), a policy as slow as the envs.
     layers, env_ms, act_ms = calibrate_layers(cfg, 8)
     result["pipeline_policy"] = {"token_layers": layers, "env_step_ms_8": env_ms, "act_ms_8": act_ms}
