@@ -15,7 +15,13 @@ Prints one JSON line last:
 * ``query_overhead_ms``: time per policy query beyond the policy's forward (1 stage, steady
   state): env put + env wait for the reply - rollout forward. Target <= 0.5.
 * ``hops_stage1`` / ``hops_stage2``: per-query breakdown in ms (env put, env wait, rollout wait,
-  rollout forward, rollout put).
+  rollout forward, rollout put), and per message of each direction (``request_*``: env ->
+  rollout, end-of-stream messages included; ``reply_*``: rollout -> env) the transport's parts:
+  ``encode`` (producer), ``wire`` (sent to arrival: system call, wake-up, any wait in the
+  socket while the consumer is busy), ``decode`` and ``handoff`` (decoded to taken by ``get``).
+* ``framework_iteration``: the main job's mean iteration after the first, in seconds: wall
+  ``iteration_s`` and the runner's ``time/...`` parts (``rollout_s`` contains ``env_step_s`` and
+  ``generate_s``, which overlap).
 * ``context_switch_ms``: per-iteration device-lock acquire + onload + offload + release overhead
   in collocated mode (the max over groups; on CPU onload/offload move nothing).
 
@@ -43,8 +49,13 @@ from rlinf_embodied.config import load_config  # noqa: E402
 MAIN = ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml"
 
 
-def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float]:
-    """(env steps/s after the first iteration, mean context switch ms per iteration)."""
+ITERATION_PARTS = ("rollout_s", "env_step_s", "generate_s", "train_s", "weight_sync_s", "context_switch_s")
+"""The main job's per-iteration ``time/...`` metrics that ``framework_iteration`` averages."""
+
+
+def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float, dict]:
+    """(env steps/s after the first iteration, mean context switch ms per iteration, the mean
+    iteration breakdown in seconds: wall ``iteration_s`` and the runner's ``time/...`` parts)."""
     from rlinf_embodied.runners.embodied import EmbodiedRunner
 
     EmbodiedRunner(cfg, run_dir).run()
@@ -52,7 +63,10 @@ def framework_steps_per_s(cfg, run_dir: Path) -> tuple[float, float]:
     steps = hist[-1]["env_steps"] - hist[0]["env_steps"]
     secs = hist[-1]["time_s"] - hist[0]["time_s"]
     switch = [h["time/context_switch_s"] for h in hist[1:]]
-    return steps / secs, 1000 * sum(switch) / max(1, len(switch))
+    timed = hist[1:]  # the first iteration warms up
+    parts = {"iteration_s": round(secs / max(1, len(timed)), 4)}
+    parts.update({k: round(sum(h[f"time/{k}"] for h in timed) / max(1, len(timed)), 4) for k in ITERATION_PARTS})
+    return steps / secs, 1000 * sum(switch) / max(1, len(switch)), parts
 
 
 def single_process_steps_per_s(cfg) -> float:
@@ -98,6 +112,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]
             steps, secs = 0, 0.0
             hops = dict.fromkeys(("env_put", "env_wait", "rollout_wait", "rollout_forward", "rollout_put"), 0.0)
             queries = 0
+            messages = {"request": 0, "reply": 0}  # the per-message parts are per message
             for it in range(iterations + 1):
                 t0 = time.perf_counter()
                 env_out, srv_out = wait_all(g.env.rollout(it), _serve(g, 0))
@@ -112,8 +127,16 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int) -> tuple[float, dict]
                         hops["rollout_wait"] += s["wait_s"]
                         hops["rollout_forward"] += s["forward_s"]
                         hops["rollout_put"] += s["put_s"]
+                    for side, profiles in (("request", [s["request_hops"] for s in srv_out]),
+                                           ("reply", [s["reply_hops"] for s in env_out])):
+                        for p in profiles:
+                            messages[side] += p["messages"]
+                            for part in ("encode", "wire", "decode", "handoff"):
+                                hops[f"{side}_{part}"] = hops.get(f"{side}_{part}", 0.0) + p[f"{part}_s"]
                 g.actor.on(list(range(g.actor.world_size))).train(it).wait()  # drain trajectories
-            breakdown = {f"{k}_ms": round(1000 * v / max(1, queries), 3) for k, v in hops.items()}
+            breakdown = {f"{k}_ms": round(1000 * v / max(1, messages.get(k.split("_")[0], queries)), 3)
+                         for k, v in hops.items()}
+            breakdown["request_messages"] = messages["request"]
             breakdown["queries"] = queries
             return steps / secs, breakdown
         finally:
@@ -236,10 +259,11 @@ def main() -> None:
     result = {"quick": args.quick}
     with tempfile.TemporaryDirectory() as d:
         cfg = load_config(MAIN, common + [f"run.dir={d}/fw"])
-        fw, switch_ms = framework_steps_per_s(cfg, Path(d) / "fw")
+        fw, switch_ms, fw_parts = framework_steps_per_s(cfg, Path(d) / "fw")
     sp = single_process_steps_per_s(cfg)
     result.update(framework_steps_per_s=round(fw, 1), single_process_steps_per_s=round(sp, 1),
-                  framework_vs_single_process=round(fw / sp, 3), context_switch_ms=round(switch_ms, 2))
+                  framework_vs_single_process=round(fw / sp, 3), context_switch_ms=round(switch_ms, 2),
+                  framework_iteration=fw_parts)
     # Pipelining: envs in the env worker's process (one core), a policy as slow as the envs.
     layers, env_ms, act_ms = calibrate_layers(cfg, 8)
     result["pipeline_policy"] = {"token_layers": layers, "env_step_ms_8": env_ms, "act_ms_8": act_ms}

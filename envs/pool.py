@@ -21,6 +21,12 @@ Failure handling (never a silent hang, never a lost episode result):
 * every failure is logged (``logging`` warning with the worker's traceback) and counted in
   :attr:`ProcessPool.num_errors`.
 
+OpenMP: every worker process starts with the runtime's OpenMP wait policy
+(:func:`rlinf_embodied.runtime.device.omp_wait_env`: passive, so that idle OpenMP threads do
+not spin on the cores the env processes step on). libgomp reads it when torch loads it, which
+for ``forkserver`` is in the fork server (it preloads this module, and with it torch): the policy
+is in the parent's environment while the server and the workers are launched.
+
 Start methods: ``forkserver`` (default on Linux) or ``spawn``. ``fork`` is refused: a forked
 ManiSkill worker deadlocks at its first reset (measured here, see ENVIRONMENT.md), and forking a
 process that holds CUDA or EGL contexts is undefined.
@@ -28,6 +34,7 @@ process that holds CUDA or EGL contexts is undefined.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -39,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from rlinf_embodied.runtime.device import omp_wait_env
 
 from .base import EnvError, EnvSpec, SubBatch, Transition
 
@@ -204,6 +213,21 @@ def _worker_main(conn, factory: Factory, env_ids: List[int], device: Optional[Wo
                 pass
 
 
+@contextlib.contextmanager
+def _launch_environ(values: Dict[str, str]):
+    """``values`` in ``os.environ`` while a child process is launched; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class _Worker:
     """Parent-side handle of one worker process hosting envs ``env_ids``."""
 
@@ -323,7 +347,8 @@ class ProcessPool:
             name=f"rlinf-env-worker-{w.index}",
             daemon=True,
         )
-        proc.start()
+        with _launch_environ(omp_wait_env()):  # the fork server, if this starts it, or the child
+            proc.start()
         child.close()
         w.proc, w.conn, w.ready = proc, parent, False
 

@@ -651,6 +651,14 @@ class Channel:
         here = transport.endpoint().held(self._instance) if transport.has_endpoint() else 0
         return ray.get(self._actor.qsize.remote()) + here
 
+    def hop_profile(self) -> dict:
+        """Per-message times of the items this process received on its bound keys of this
+        channel since the last call: ``messages`` and summed seconds ``encode_s``, ``wire_s``,
+        ``decode_s``, ``handoff_s`` (see :meth:`transport.Endpoint.hop_profile`)."""
+        if not transport.has_endpoint():
+            return {"messages": 0, "encode_s": 0.0, "wire_s": 0.0, "decode_s": 0.0, "handoff_s": 0.0}
+        return transport.endpoint().hop_profile(self._instance)
+
     def loads(self) -> dict[str, float]:
         """Total weight dealt to each registered unkeyed consumer."""
         return ray.get(self._actor.loads.remote())

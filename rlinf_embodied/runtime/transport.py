@@ -58,7 +58,7 @@ LOCAL = "local"
 SAME_NODE = "same_node"
 REMOTE = "remote"
 
-_HEADER = struct.Struct("<IQ")  # number of buffers, meta length; then one <Q per buffer:
+_HEADER = struct.Struct("<IQdd")  # buffers, meta length, send time, encode s; then one <Q per buffer:
 # its length << 1 | kind (0: in the stream, 1: shared memory)
 _HELLO = struct.Struct("<I")
 
@@ -234,6 +234,7 @@ class _Connection:
 
     def send(self, key: Hashable, item: Any, timeout: float | None) -> bool:
         """Send one message; False if nothing could be sent within ``timeout`` (full consumer)."""
+        t0 = time.perf_counter()
         meta, buffers = encode((key, item))
         shm = self.transport == SAME_NODE
         descs, stream, fds = [], [], []
@@ -245,7 +246,7 @@ class _Connection:
             else:
                 stream.append(buf)
                 descs.append(n << 1)
-        head = _HEADER.pack(len(buffers), len(meta)) + struct.pack(f"<{len(descs)}Q", *descs)
+        head = _HEADER.pack(len(buffers), len(meta), t0, time.perf_counter() - t0) + struct.pack(f"<{len(descs)}Q", *descs)
         try:
             with self.lock:
                 return _send(self.sock, [head, meta, *stream], fds, timeout)
@@ -343,6 +344,7 @@ class Endpoint:
         self._maxsize: dict[str, int] = {}
         self._errors: dict[str, str] = {}  # instance -> why a reader gave up on its stream
         self._callers: dict[str, _CallerReads] = {}  # instances whose consumers read the sockets
+        self._profile: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
         for listener in (self._unix, self._tcp):
             threading.Thread(target=self._accept, args=(listener,), daemon=True,
                              name="rlinf-channel-accept").start()
@@ -370,14 +372,15 @@ class Endpoint:
             if caller_reads and instance not in self._callers:
                 self._callers[instance] = _CallerReads()
 
-    def deliver(self, instance: str, key: Hashable, item: Any) -> None:
-        """Add an item to the inbox (waits while the channel's share here is full)."""
+    def deliver(self, instance: str, key: Hashable, item: Any, stamp: tuple | None = None) -> None:
+        """Add an item to the inbox (waits while the channel's share here is full); ``stamp``
+        (see :meth:`_StreamReader.message`) feeds :meth:`hop_profile`."""
         with self._cond:
             callers = self._callers.get(instance)
             if callers is None:
                 limit = self._maxsize.get(instance, 0)
                 self._cond.wait_for(lambda: limit <= 0 or self._held[instance] < limit)
-            self._inbox[(instance, key)].append(item)
+            self._inbox[(instance, key)].append((item, self._note(instance, stamp)))
             self._held[instance] += 1
             self._cond.notify_all()
             if callers is not None and callers.reading:
@@ -389,8 +392,9 @@ class Endpoint:
         with self._cond:
             if not self._wait(instance, slot, timeout):
                 return False, None
-            item = self._inbox[slot].popleft()
+            item, ready = self._inbox[slot].popleft()
             self._held[instance] -= 1
+            self._profile[instance][4] += time.perf_counter() - ready
             self._cond.notify_all()
             return True, item
 
@@ -406,7 +410,12 @@ class Endpoint:
             if callers is not None and not callers.reading:  # what else has arrived is in the sockets
                 self._read_here(instance, None, None)
             box = self._inbox[slot]
-            items = [box.popleft() for _ in range(min(limit, len(box)))]
+            now, prof = time.perf_counter(), self._profile[instance]
+            items = []
+            for _ in range(min(limit, len(box))):
+                item, ready = box.popleft()
+                prof[4] += now - ready
+                items.append(item)
             self._held[instance] -= len(items)
             self._cond.notify_all()
             return items
@@ -470,7 +479,7 @@ class Endpoint:
         """One message of a caller-read connection into the inbox (the connection is dropped
         at its end, or failed like a reader thread's if it cannot be decoded)."""
         try:
-            key, item = stream.message()
+            key, item, stamp = stream.message()
         except (ConnectionError, EOFError, OSError):
             callers.drop(stream)
             return
@@ -481,9 +490,31 @@ class Endpoint:
                 self._cond.notify_all()
             return
         with self._cond:
-            self._inbox[(instance, key)].append(item)
+            self._inbox[(instance, key)].append((item, self._note(instance, stamp)))
             self._held[instance] += 1
             self._cond.notify_all()
+
+    def _note(self, instance: str, stamp: tuple | None) -> float:
+        """Add a received message's stamp to the instance's profile; returns its ready time."""
+        if stamp is None:  # handed over in this process
+            return time.perf_counter()
+        sent, encode_s, arrived, decoded = stamp
+        prof = self._profile[instance]
+        prof[0] += 1
+        prof[1] += encode_s
+        prof[2] += arrived - sent - encode_s
+        prof[3] += decoded - arrived
+        return decoded
+
+    def hop_profile(self, instance: str) -> dict:
+        """Where the time of the instance's items received from other processes went since the
+        last call (and reset): ``messages``, and summed seconds ``encode_s`` (producer),
+        ``wire_s`` (sent to arrival here: system call, wake-up, any wait in the socket),
+        ``decode_s`` (read and unpickle) and ``handoff_s`` (decoded to taken by a consumer,
+        same-process items included)."""
+        with self._cond:
+            n, enc, wire, dec, hand = self._profile.pop(instance, [0, 0.0, 0.0, 0.0, 0.0])
+        return {"messages": int(n), "encode_s": enc, "wire_s": wire, "decode_s": dec, "handoff_s": hand}
 
     @staticmethod
     def _undecodable(channel: str, err: Exception) -> str:
@@ -527,8 +558,8 @@ class Endpoint:
                     callers.add(stream)
                     return
             while True:
-                key, item = stream.message()
-                self.deliver(instance, key, item)
+                key, item, stamp = stream.message()
+                self.deliver(instance, key, item, stamp)
         except (ConnectionError, EOFError, OSError):
             pass  # the producer closed the connection or exited
         except Exception as err:  # noqa: BLE001 - an undecodable item: fail the consumer's gets
@@ -655,13 +686,15 @@ class _StreamReader:
         self.start += n
         return at
 
-    def message(self) -> Any:
-        """The next (key, item) of the stream.
+    def message(self) -> tuple:
+        """The next (key, item, stamp) of the stream; stamp: (send time, encode seconds,
+        arrival time, decoded time), ``time.perf_counter`` values (one clock on one node).
 
         Buffers that came through the stream are received into one allocation (each at a
         16-byte aligned offset, so every dtype is aligned) unless they are large.
         """
-        nbuf, meta_len = _HEADER.unpack_from(self.buf, self._need(_HEADER.size))
+        nbuf, meta_len, sent, encode_s = _HEADER.unpack_from(self.buf, self._need(_HEADER.size))
+        arrived = time.perf_counter()
         descs = struct.unpack_from(f"<{nbuf}Q", self.buf, self._need(8 * nbuf)) if nbuf else ()
         if meta_len <= self.CHUNK:
             at = self._need(meta_len)
@@ -695,7 +728,8 @@ class _StreamReader:
         for d, buf in zip(descs, buffers):
             if not d & 1:
                 self.read_into(buf)
-        return decode(meta, buffers)
+        key, item = decode(meta, buffers)
+        return key, item, (sent, encode_s, arrived, time.perf_counter())
 
     def _read_large(self, n: int) -> bytes:
         out = bytearray(n)

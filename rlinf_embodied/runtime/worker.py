@@ -539,11 +539,12 @@ class WorkerGroup:
             same_node = sum(d[0].node_id == node_id for d in self.rank_devices)
             torch_threads = max(1, cluster.node_cpus(node_id) // same_node)
         ctx = WorkerContext(self.name, rank, self.world_size, devices, context_switch, torch_threads, offload)
-        env = dev.visibility_env(devices)
+        # set at process start: libgomp reads its wait policy when torch loads it
+        env = {**dev.omp_wait_env(), **dev.visibility_env(devices)}
         return _HostActor.options(
             num_cpus=0,  # devices, not Ray's CPU count, decide placement
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            runtime_env={"env_vars": env} if env else None,
+            runtime_env={"env_vars": env},
         ).remote(ctx, blob, args, kwargs)
 
     @property

@@ -210,7 +210,8 @@ class EnvWorker(Worker):
         Returns:
             Episode statistics of episodes that finished in this rollout plus timings:
             ``episodes``, ``success_once`` (sum), ``episode_return`` (sum), ``env_steps``,
-            ``env_time_s``.
+            ``env_time_s``; the hop breakdown ``put_s``, ``wait_s``, ``queries`` and
+            ``reply_hops`` (:meth:`~rlinf_embodied.runtime.Channel.hop_profile` of the replies).
         """
         T = self.cfg.trainer.rollout_steps
         seed = self.cfg.run.seed
@@ -263,6 +264,7 @@ class EnvWorker(Worker):
                 self.traj_ch.put(part, key=f"a{a}", weight=part["rewards"].numel())
         stats["env_time_s"] = t_env
         stats.update(self._hops)
+        stats["reply_hops"] = self.act_ch.hop_profile()
         return stats
 
     def _reply(self, reply: str) -> PolicyReply:

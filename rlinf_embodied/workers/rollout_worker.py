@@ -93,7 +93,9 @@ class RolloutWorker(Worker):
 
         Returns:
             ``requests`` answered, ``batches`` (forwards run), ``version`` of the weights, and
-            the hop breakdown in seconds: ``wait_s`` (for requests), ``forward_s``, ``put_s``.
+            the hop breakdown in seconds: ``wait_s`` (for requests), ``forward_s``, ``put_s``,
+            ``request_hops`` (:meth:`~rlinf_embodied.runtime.Channel.hop_profile` of the
+            requests and end-of-stream messages).
 
         Raises:
             StaleWeightsError: if ``expected_version`` is given and the loaded weights are
@@ -131,7 +133,8 @@ class RolloutWorker(Worker):
                     batches += 1
                 served += len(requests)
         self.requests += served
-        return {"requests": served, "batches": batches, "version": self.version, **hops}
+        return {"requests": served, "batches": batches, "version": self.version, **hops,
+                "request_hops": self.obs_ch.hop_profile()}
 
     @torch.no_grad()
     def profile_act(self, batch: int) -> float:

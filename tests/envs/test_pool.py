@@ -8,10 +8,12 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from rlinf_embodied.envs import make_env
 from rlinf_embodied.envs.pool import assign_device, visible_cuda_devices
+from rlinf_embodied.runtime.device import OMP_WAIT_VARS
 
 from .conftest import env_children
 
@@ -39,6 +41,20 @@ def test_pool_matches_in_process_and_closes_cleanly(no_leaked_children):
     pooled.close()  # idempotent
     local.close()
     assert not set(pids) & env_children()
+
+
+def test_workers_start_with_a_passive_openmp_wait_policy(no_leaked_children):
+    """The fork server (it imports torch, so libgomp reads its wait policy there) and the workers
+    start with OMP_WAIT_POLICY=PASSIVE; the parent's own environment is left as it was."""
+    if any(v in os.environ for v in OMP_WAIT_VARS):
+        pytest.skip("this environment sets its own OpenMP wait policy (forwarded as is)")
+    env = pooled_countdown(num_envs=1)
+    try:
+        started = psutil.Process(env.worker_pids()[0]).environ()  # as at exec: what libgomp read
+    finally:
+        env.close()
+    assert started.get("OMP_WAIT_POLICY") == "PASSIVE" and "GOMP_SPINCOUNT" not in started
+    assert not any(v in os.environ for v in OMP_WAIT_VARS)
 
 
 def test_worker_killed_mid_step_is_restarted(no_leaked_children):

@@ -12,6 +12,7 @@ from rlinf_embodied.runtime import (
     WorkerGroup,
     wait_all,
 )
+from rlinf_embodied.runtime.device import OMP_WAIT_VARS, omp_wait_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,6 +33,12 @@ class Echo(Worker):
 
     def pid(self):
         return os.getpid()
+
+    def start_environ(self, names):
+        """These variables as the process was started with them (what libgomp read)."""
+        with open("/proc/self/environ", "rb") as f:
+            entries = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+        return {k: entries.get(k) for k in names}
 
     def sleep(self, seconds):
         time.sleep(seconds)
@@ -96,6 +103,23 @@ def test_failure_is_raised_again_and_seen_by_wait_all(group):
         wait_all(slow, group.on([2]).fail(), timeout=60)
     assert not slow.done()  # raised at once, not after the sleeping call
     assert slow.wait(timeout=60) == [0]
+
+
+def test_workers_start_with_a_passive_openmp_wait_policy(group):
+    if any(v in os.environ for v in OMP_WAIT_VARS):
+        pytest.skip("this environment sets its own OpenMP wait policy (forwarded as is)")
+    assert group.start_environ(OMP_WAIT_VARS).wait(timeout=60) == [
+        {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}] * 4
+
+
+def test_omp_wait_env_forwards_the_launching_environments_choice(monkeypatch):
+    for v in OMP_WAIT_VARS:
+        monkeypatch.delenv(v, raising=False)
+    assert omp_wait_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10k")
+    assert omp_wait_env() == {"GOMP_SPINCOUNT": "10k"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert omp_wait_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10k"}
 
 
 def test_init_failure_is_reported(cluster):
