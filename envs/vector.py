@@ -113,6 +113,10 @@ class VectorBatchedEnv(BatchedEnv):
         self._success_once = np.zeros(n, bool)
         self._obs: Dict[str, torch.Tensor] = {}
         self._tasks: List[str] = [""] * n
+        # envs whose terminations do not end their episodes (all of them, or the first
+        # round(f * N) with env.ignore_terminations_fraction = f)
+        self._fixed_length = np.full(n, self.ignore_terminations)
+        self._fixed_length[: int(round(cfg.ignore_terminations_fraction * n))] = True
 
     # -- public API ----------------------------------------------------------------------------
     def reset(self, seed=None, env_ids=None, options=None):
@@ -273,8 +277,7 @@ class VectorBatchedEnv(BatchedEnv):
                 self._elapsed[ok] += 1
                 te = _np(tr.terminated).astype(bool)
                 tu = _np(tr.truncated).astype(bool)
-                if self.ignore_terminations:
-                    te = np.zeros_like(te)
+                te = te & ~self._fixed_length[ok]
                 if self.max_episode_steps:
                     tu = tu | (self._elapsed[ok] >= self.max_episode_steps)
                 rewards[ok, k] = _np(tr.reward)

@@ -147,6 +147,13 @@ class EnvConfig:
     """Truncate episodes after this many env steps; None keeps the env's own limit."""
     ignore_terminations: bool = False
     """Run fixed-length episodes (GRPO and fair evaluation): terminations do not end them."""
+    ignore_terminations_fraction: float = 0.0
+    """Fraction of each env worker's envs (its first ``round(f * N)``) that run fixed-length
+    episodes while the others end at termination; 0 keeps ``ignore_terminations`` for all.
+    Training on a mix shows the policy what follows a success (which the fixed-length
+    evaluation scores with ``success_at_end``) while most episodes still end at success; with
+    ``algorithm.bootstrap_terminations`` both kinds estimate the same values. Measured on
+    PushCube in README, "Training"."""
     seed: Optional[int] = None
     """Base seed of env resets; None derives it from ``run.seed``."""
     num_processes: int = 1
@@ -183,6 +190,11 @@ class EnvConfig:
     def __post_init__(self):
         if self.num_envs < 1:
             raise ConfigError(f"env.num_envs must be >= 1 (got {self.num_envs}).")
+        if not 0.0 <= self.ignore_terminations_fraction <= 1.0:
+            raise ConfigError(
+                f"env.ignore_terminations_fraction must be in [0, 1] "
+                f"(got {self.ignore_terminations_fraction})."
+            )
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
         if self.autoreset_mode not in ("next_step", "same_step", "disabled"):

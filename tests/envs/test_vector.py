@@ -76,6 +76,24 @@ def test_ignore_terminations_runs_fixed_length_episodes():
     env.close()
 
 
+def test_ignore_terminations_fraction_fixes_the_first_envs_only():
+    env = countdown(num_envs=4, ignore_terminations_fraction=0.5, max_episode_steps=5)
+    env.reset(seed=0)
+    for _ in range(2):
+        env.step(np.zeros((4, 1)))
+    obs, r, te, tr, info = env.step(np.zeros((4, 1)))
+    assert te.tolist() == [False, False, True, True] and not tr.any()
+    assert info["success"].all()
+    obs, r, te, tr, info = env.step(np.zeros((4, 1)))
+    # envs 0-1 go on past the termination; envs 2-3 autoreset
+    assert t_of(obs) == [4, 4, 0, 0] and info["autoreset"].tolist() == [False, False, True, True]
+    obs, r, te, tr, info = env.step(np.zeros((4, 1)))
+    assert tr.tolist() == [True, True, False, False] and not te.any()
+    env.close()
+    with pytest.raises(Exception, match="ignore_terminations_fraction must be in"):
+        countdown(ignore_terminations_fraction=1.5)
+
+
 def test_chunk_step_stops_each_env_at_its_first_done():
     env = countdown(kwargs={"length": 10})
     env.reset(seed=0, options={"length": [2, 4, 10]})
