@@ -102,7 +102,7 @@ class SFTEvalConfig:
 class RLStageConfig:
     """The RL fine-tuning stage: a training job YAML started from the SFT checkpoint."""
 
-    config: str = "maniskill_pushcube_ppo_mlp_finetune"
+    config: str = "maniskill_pushcube_grpo_mlp_finetune"
     """Job YAML of the RL run (its env must match ``env``; its ``policy.checkpoint`` is set to
     the SFT checkpoint)."""
     overrides: list[str] = field(default_factory=list)
