@@ -288,7 +288,7 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
         if not best.is_dir():
             raise PolicySourceError(
                 f"The run {path} has no checkpoints/best yet (the run writes it at its "
-                "evaluations, every eval.interval iterations); use --checkpoint latest.")
+                "evaluations, every trainer.eval_every iterations); use --checkpoint latest.")
         problem = checkpoint_problem(best)
         if problem is not None:
             raise PolicySourceError(f"{problem}; use --checkpoint latest.")

@@ -195,6 +195,11 @@ class EnvConfig:
                 f"env.ignore_terminations_fraction must be in [0, 1] "
                 f"(got {self.ignore_terminations_fraction})."
             )
+        if self.ignore_terminations and self.ignore_terminations_fraction > 0:
+            raise ConfigError(
+                "env.ignore_terminations=true already makes every env fixed-length; drop "
+                "env.ignore_terminations_fraction or set env.ignore_terminations=false."
+            )
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
         if self.autoreset_mode not in ("next_step", "same_step", "disabled"):

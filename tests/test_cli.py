@@ -55,6 +55,13 @@ def test_config_show_rejects_what_train_would_reject_later():
         (["configs/reasoning_grpo_tiny.yaml", "rollout.backend=vlm"], "hf or vllm"),
         (["configs/maniskill_pushcube_grpo_mlp.yaml", "trainer.critic_lr=1e-4"],
          "set trainer.critic_lr=null or policy.critic=true"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.ignore_terminations=true",
+          "env.ignore_terminations_fraction=0.5"], "drop env.ignore_terminations_fraction"),
+        # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
+        (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
+         "Config file not found: nope_config"),
+        (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.overrides=[trainer.critic_lr=abc]"],
+         "trainer.critic_lr"),
     ):
         r = runner.invoke(app, ["config", "show", *args])
         assert r.exit_code == 2 and words in r.output, (args, r.output)
@@ -244,3 +251,11 @@ def test_eval_with_an_unknown_gym_id_is_one_line(tmp_path):
                             "--trials-per-task", "1", "-o", str(tmp_path / "ev.json")])
     assert r.exit_code == 2 and "Unknown gymnasium env id" in r.output and "toy/PointReach-v0" in r.output
     assert "Traceback" not in r.output
+
+
+def test_finetune_and_sft_rl_check_the_rl_stage_before_running_anything(tmp_path):
+    for cmd in ("finetune", "sft-rl"):
+        r = runner.invoke(app, [cmd, "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml",
+                                f"run.dir={tmp_path / cmd}", "rl.config=nope_config"])
+        assert r.exit_code == 2 and "Config file not found: nope_config" in r.output, (cmd, r.output)
+        assert not (tmp_path / cmd).exists()  # no stage started

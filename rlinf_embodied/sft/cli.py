@@ -27,12 +27,19 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(config: str, overrides: list[str] | None):
+def _load(config: str, overrides: list[str] | None, rl_stage: bool = False):
+    """The pipeline config; with ``rl_stage`` also resolves and validates the RL stage's job
+    (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
+    stage runs."""
     from rlinf_embodied.config import ConfigError
-    from rlinf_embodied.sft.pipeline import load_sft_config
+    from rlinf_embodied.runners.setup import validate_job
+    from rlinf_embodied.sft.pipeline import load_sft_config, rl_job_config
 
     try:
-        return load_sft_config(config, overrides or [])
+        cfg = load_sft_config(config, overrides or [])
+        if rl_stage:
+            validate_job(rl_job_config(cfg))
+        return cfg
     except ConfigError as e:
         _fail(str(e))
 
@@ -71,7 +78,7 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
     from rlinf_embodied.sft.gate import GateError
     from rlinf_embodied.sft.pipeline import run_rl, summarize
 
-    cfg = _load(config, overrides)
+    cfg = _load(config, overrides, rl_stage=True)
     try:
         run_rl(cfg, log=typer.echo)
     except GateError as e:
@@ -85,7 +92,7 @@ def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> N
     from rlinf_embodied.sft.gate import GateError
     from rlinf_embodied.sft.pipeline import run_sft_rl
 
-    cfg = _load(config, overrides)
+    cfg = _load(config, overrides, rl_stage=True)
     try:
         out = run_sft_rl(cfg, log=typer.echo)
     except GateError as e:
