@@ -154,7 +154,7 @@ def test_vla_critic_parameters_are_its_value_head():
                                      policy.value_head.named_parameters()}
 
 
-def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act():
+def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act(tmp_path):
     """A sharded root keeps its unsharded parameters registered after a no-grad forward; the
     optimizer groups and the warm-up freeze must still take the sharded ones it steps."""
     import torch.distributed as dist
@@ -168,7 +168,8 @@ def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act():
     cfg.trainer.critic_lr = 1e-3
     batch = _batch(policy)
     critic = _critic_names(policy)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29641", rank=0, world_size=1)
+    # a file store, not a fixed TCP port that another process on the machine may hold
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         fully_shard(policy)
         for name in ("act", "evaluate"):
