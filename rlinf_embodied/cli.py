@@ -78,10 +78,10 @@ def config_show(
 
     try:
         if _is_sft_pipeline(config):  # `sft-rl` / `demos` / `sft` YAMLs (configs/sft/)
-            from rlinf_embodied.sft.pipeline import load_sft_config, rl_job_config
+            from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
 
             cfg = load_sft_config(config, overrides or [])
-            validate_job(rl_job_config(cfg))  # the RL stage `finetune` / `sft-rl` will run
+            validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
         else:
             cfg = load_job_config(config, overrides or [])
         if isinstance(cfg, JobConfig):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import os
 import tempfile
 import typing
@@ -194,11 +195,6 @@ class EnvConfig:
             raise ConfigError(
                 f"env.ignore_terminations_fraction must be in [0, 1] "
                 f"(got {self.ignore_terminations_fraction})."
-            )
-        if self.ignore_terminations and self.ignore_terminations_fraction > 0:
-            raise ConfigError(
-                "env.ignore_terminations=true already makes every env fixed-length; drop "
-                "env.ignore_terminations_fraction or set env.ignore_terminations=false."
             )
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
@@ -479,6 +475,7 @@ class JobConfig:
     """Elastic, preemptible rollout workers (rlinf_embodied/elastic/config.py)."""
 
     def __post_init__(self):
+        self._check_fixed_length_envs()
         if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
             raise ConfigError(
                 "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
@@ -489,6 +486,49 @@ class JobConfig:
                 f"trainer.critic_lr={self.trainer.critic_lr} sets the learning rate of a critic "
                 "this policy does not have (policy.critic=false); set trainer.critic_lr=null or "
                 "policy.critic=true."
+            )
+
+
+    def _check_fixed_length_envs(self) -> None:
+        """``env.ignore_terminations_fraction`` checks, here rather than in :class:`EnvConfig`:
+        the workers copy the env section with another ``num_envs`` (one env worker's share) or
+        ``ignore_terminations=true`` (in-training evaluation), which must stay valid.
+
+        Each env worker's batch of n envs fixes its first ``int(round(f * n))``
+        (``rlinf_embodied.envs.vector``): n is ``env.num_envs / (env ranks x
+        trainer.pipeline_stages)`` (elastic: the shard size). The env ranks come from the
+        placement, unknown here, so n is bounded by one env rank's share; a fraction that
+        rounds to 0 envs there does so on every env worker.
+
+        Raises:
+            ConfigError: both ``ignore_terminations`` and a fraction are set, or the fraction
+                makes no env fixed-length.
+        """
+        e = self.env
+        f = e.ignore_terminations_fraction
+        if f <= 0:
+            return
+        if e.ignore_terminations:
+            raise ConfigError(
+                "env.ignore_terminations=true already makes every env fixed-length; drop "
+                "env.ignore_terminations_fraction or set env.ignore_terminations=false."
+            )
+        if self.elastic.enabled:
+            el = self.elastic
+            n = el.shard_envs or max(1, e.num_envs // (el.reserved_workers + el.preemptible_workers))
+            per, key, scale = f"the {n} envs of each elastic shard", "elastic.shard_envs", 1
+        else:
+            scale = max(1, self.trainer.pipeline_stages)
+            n = e.num_envs // scale
+            per = (f"the at most {n} envs each env worker steps per pipeline stage "
+                   f"(env.num_envs / trainer.pipeline_stages = {e.num_envs} / {scale})")
+            key = "env.num_envs"
+        if n >= 1 and int(round(f * n)) == 0:  # the mask of rlinf_embodied.envs.vector
+            need = next(k for k in itertools.count(n + 1) if int(round(f * k)) >= 1)
+            raise ConfigError(
+                f"env.ignore_terminations_fraction={f} fixes round({f} x {n}) = 0 of {per}, so "
+                f"it does nothing; raise it above {0.5 / n:.3g}, raise {key} to at least "
+                f"{need * scale}, or set it to 0."
             )
 
 

@@ -195,3 +195,37 @@ def test_invalid_yaml_file_gives_line_and_column(tmp_path):
 def test_run_dir_stays_under_output_dir():
     cfg = load_config(None, ["run.name=ok-name_1", "run.output_dir=somewhere"])
     assert cfg.run.run_dir() == Path("somewhere") / "ok-name_1"
+
+
+def test_a_fraction_that_fixes_no_env_is_refused():
+    # 2 envs per env worker (one rank, one stage): round(0.1 x 2) = 0 envs would be fixed-length
+    ppo = CONFIGS / "maniskill_pushcube_ppo_mlp.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config(ppo, ["env.num_envs=2", "env.ignore_terminations_fraction=0.1"])
+    msg = str(e.value)
+    assert "round(0.1 x 2) = 0" in msg and "raise it above 0.25" in msg and "\n" not in msg
+    assert "env.num_envs to at least 6" in msg  # round(0.1 x 6) = 1
+    # two pipeline stages halve each env worker's batch: 16 / 2 = 8, round(0.05 x 8) = 0
+    with pytest.raises(ConfigError, match=r"round\(0.05 x 8\) = 0"):
+        load_config(ppo, ["env.num_envs=16", "trainer.pipeline_stages=2",
+                          "env.ignore_terminations_fraction=0.05"])
+    # Python rounds half to even, as the env's mask does: round(0.125 x 4) = round(0.5) = 0
+    with pytest.raises(ConfigError, match="env.num_envs to at least 5"):
+        load_config(ppo, ["env.num_envs=4", "env.ignore_terminations_fraction=0.125"])
+    ok = load_config(ppo, ["env.num_envs=4", "env.ignore_terminations_fraction=0.2"])
+    assert ok.env.ignore_terminations_fraction == 0.2  # round(0.8) = 1 env
+
+
+def test_a_job_with_a_fraction_gives_workers_valid_env_copies():
+    import dataclasses
+
+    job = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
+                      ["env.ignore_terminations_fraction=0.5"])
+    # what the env worker's in-training evaluation builds (workers/env_worker.py) and one rank's
+    # share of a small batch: both stay valid
+    ev = dataclasses.replace(job.env, num_envs=2, ignore_terminations=True)
+    assert ev.ignore_terminations and ev.num_envs == 2
+    assert dataclasses.replace(job.env, num_envs=1).num_envs == 1
+    with pytest.raises(ConfigError, match="drop env.ignore_terminations_fraction"):
+        load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
+                    ["env.ignore_terminations=true", "env.ignore_terminations_fraction=0.5"])

@@ -32,13 +32,12 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False):
     (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
     stage runs."""
     from rlinf_embodied.config import ConfigError
-    from rlinf_embodied.runners.setup import validate_job
-    from rlinf_embodied.sft.pipeline import load_sft_config, rl_job_config
+    from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
 
     try:
         cfg = load_sft_config(config, overrides or [])
         if rl_stage:
-            validate_job(rl_job_config(cfg))
+            validate_rl_stage(cfg)
         return cfg
     except ConfigError as e:
         _fail(str(e))

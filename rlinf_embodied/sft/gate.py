@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_embodied.checkpoint import atomic_write_json
+from rlinf_embodied.config import EnvConfig
 
 __all__ = [
     "RECORD_FILE",
@@ -131,14 +132,14 @@ def _recorded_rate(record: dict[str, Any], trials: int) -> tuple[float, int]:
     return sum(bool(e.success) for e in eps) / len(eps), len(eps)
 
 
-def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
+def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                episodes: int | None = None, tolerance: float | None = None,
                log=print, sampled: bool = True) -> dict[str, Any]:
     """Re-evaluate an SFT checkpoint under ``env_cfg`` and compare with its record.
 
     Args:
         checkpoint: the SFT policy directory (``sft_record.json`` beside it).
-        env_cfg: the RL run's EnvConfig.
+        env_cfg: the RL run's EnvConfig (the re-evaluations use its ``num_processes``).
         out_dir: where ``gate.json`` and the re-evaluations' results go (``gate_eval.json``
             greedy, ``gate_sampled.json`` sampled).
         episodes: trials to re-evaluate; None uses the record's ``gate_episodes``.
@@ -165,14 +166,14 @@ def check_gate(checkpoint: str | Path, env_cfg: Any, out_dir: str | Path,
     out_dir = Path(out_dir)
     ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", n,
                              protocol=record["protocol"],
-                             num_processes=getattr(env_cfg, "num_processes", 2))
+                             num_processes=env_cfg.num_processes)
     result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
               "passed": ev["rate"] >= recorded - tol}
     if sampled and result["passed"]:
         sp = sampled_success(checkpoint, env_cfg, n, out_dir / "gate_sampled.json",
                              protocol=record["protocol"],
-                             num_processes=getattr(env_cfg, "num_processes", 2))
+                             num_processes=env_cfg.num_processes)
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
         result["log_std"] = sp["log_std"]
     atomic_write_json(out_dir / "gate.json", result)

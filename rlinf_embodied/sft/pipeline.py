@@ -20,7 +20,7 @@ from typing import Any
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import SFTJobConfig
 
-__all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl"]
+__all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage"]
 
 
 def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConfig:
@@ -112,6 +112,21 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     return load_config(cfg.rl.config, [*forced, *cfg.rl.overrides, *(extra or [])])
 
 
+def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
+    """The RL stage's JobConfig (:func:`rl_job_config`) after the checks ``train`` runs
+    (``rlinf_embodied.runners.setup.validate_job``): ``finetune`` / ``sft-rl`` / ``config show``
+    call it before any stage runs, so that a bad ``rl.config`` / ``rl.overrides`` fails in one line.
+
+    Raises:
+        rlinf_embodied.config.ConfigError: the RL stage's job is invalid.
+    """
+    from rlinf_embodied.runners.setup import validate_job
+
+    job = rl_job_config(cfg, extra)
+    validate_job(job)
+    return job
+
+
 def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = None) -> dict[str, Any]:
     """Stage 3: the step-0 gate, RL fine-tuning from the SFT checkpoint, and the final
     held-out evaluation on the SFT evaluation's trials.
@@ -120,11 +135,9 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         rlinf_embodied.sft.gate.GateError: the gate refused the SFT checkpoint.
     """
     from rlinf_embodied.runners.embodied import EmbodiedRunner
-    from rlinf_embodied.runners.setup import validate_job
     from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint
 
-    job = rl_job_config(cfg, extra_overrides)
-    validate_job(job)
+    job = validate_rl_stage(cfg, extra_overrides)
     rl_dir = Path(job.run.run_dir())
     gate = check_gate(job.policy.checkpoint, job.env, rl_dir, episodes=cfg.eval.gate_episodes,
                       tolerance=cfg.eval.gate_tolerance, log=log)

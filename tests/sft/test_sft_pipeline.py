@@ -128,6 +128,9 @@ def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path
                       [f"policy.checkpoint={ckpt}", "env.num_processes=0"])
     res = gate_for_job(job, tmp_path / "good")  # what `train` runs before starting RL
     assert res["passed"] and res["measured"] == res["recorded"] == out["evaluation"]["rate"]
+    # the re-evaluations run with the RL job's env.num_processes (0: in-process)
+    for name in ("gate_eval.json", "gate_sampled.json"):
+        assert ResultsFile.load(tmp_path / "good" / name).header["num_processes"] == 0
     logged = json.loads((tmp_path / "good" / "gate.json").read_text())
     assert 0.0 <= logged["sampled"] <= 1.0 and logged["episodes"] == 2
     sampled = ResultsFile.load(tmp_path / "good" / "gate_sampled.json")  # the shared eval path
