@@ -42,7 +42,13 @@ def validate_reasoning_job(cfg) -> None:
 def report_lines(res: dict, run_dir: Path, iterations: int) -> List[str]:
     """The last lines of a reasoning ``train``: how it ended, where results and model are."""
     ev = res["eval"]
-    summary = f" held-out reward {ev[0]['reward']:.3f} -> {ev[-1]['reward']:.3f};" if ev else ""
+    if len(ev) > 1:
+        summary = (f" held-out reward {ev[0]['reward']:.3f} (step {ev[0]['step']}) -> "
+                   f"{ev[-1]['reward']:.3f} (step {ev[-1]['step']});")
+    elif ev:  # one evaluation (step 0, or the last step without one at step 0): no change measured
+        summary = f" held-out reward {ev[0]['reward']:.3f} at step {ev[0]['step']}, no later evaluation ran;"
+    else:
+        summary = ""
     steps = len(res["steps"])
     how = ("aborted" if res.get("aborted") else "interrupted") if res.get("interrupted") else "done"
     of = f" of {iterations}" if how != "done" else ""
@@ -65,13 +71,16 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
     """Load, validate and run a reasoning job; returns the exit code (errors go to ``fail``).
 
     ``signals``: the CLI's installed :class:`~rlinf_embodied.runners.signals.StopSignals`; a
-    Ctrl-C before training starts returns 130 with nothing trained, one during training stops
-    after the current step and saves the model (exit code 130).
+    Ctrl-C before training starts returns 130 with nothing trained and removes the run
+    directory if this call created it (as for embodied runs), one during training stops after
+    the current step and saves the model (exit code 130).
     """
+    import shutil
+
     from rlinf_embodied.config import ConfigError, load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
 
-    run_dir = None
+    run_dir, new_dir = None, False
     try:
         cfg = load_config(config, overrides, schema=ReasoningJobConfig)
         validate_reasoning_job(cfg)
@@ -82,6 +91,7 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
             run_dir = cfg.run.run_dir().with_name(f"{cfg.run.run_dir().name}_{i}")
         from rlinf_embodied.runners.reasoning import ReasoningRunner
 
+        new_dir = not run_dir.exists()
         print(f"run directory: {run_dir}")
         if cfg.elastic.enabled:  # rollout on reserved + preemptible workers (elastic/reasoning.py)
             from rlinf_embodied.elastic.reasoning import ElasticReasoningRunner
@@ -92,8 +102,14 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
     except ConfigError as e:
         fail(str(e))
     except KeyboardInterrupt:
-        print("interrupted before training started: nothing was trained"
-              + (f"; {run_dir} holds no results." if run_dir is not None else "."))
+        where = "."
+        if run_dir is not None and run_dir.exists():
+            if new_dir:  # nothing ran: leave no half-built run directory behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+                where = f"; removed the new run directory {run_dir}."
+            else:
+                where = f"; {run_dir} holds no results."
+        print(f"interrupted before training started: nothing was trained{where}")
         return 130
     except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
         fail(short_error(e), code=1)

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -54,3 +55,46 @@ def test_sigint_finishes_the_step_saves_the_model_and_reports_it(ray_session, tm
     assert lines[0].startswith("interrupted: 2 of 4 steps")
     assert lines[1] == f"model: {run_dir / 'model'} (step 2, HF layout)"
     assert "cannot be resumed" in lines[2] and "model.path" in lines[2]
+
+
+def test_report_gives_a_reward_change_only_between_two_evaluations(tmp_path):
+    res = {"eval": [{"step": 0, "reward": 0.25}], "steps": [{"step": 1}], "backend": "hf",
+           "interrupted": True, "aborted": False, "model": None}
+    first = report_lines(res, tmp_path, 4)[0]
+    assert "held-out reward 0.250 at step 0, no later evaluation ran;" in first
+    assert "->" not in first  # one evaluation measures no change
+    res["eval"].append({"step": 4, "reward": 0.5})
+    assert "held-out reward 0.250 (step 0) -> 0.500 (step 4);" in report_lines(res, tmp_path, 4)[0]
+
+
+def _ctrl_c_while_workers_start(monkeypatch, run_dir, capsys):
+    """``train_reasoning`` with a real SIGINT delivered while the worker groups launch."""
+    import rlinf_embodied.runners.reasoning as runner_mod
+    from rlinf_embodied.reasoning.cli import train_reasoning
+
+    def launch(cfg, path, run_id):
+        assert (path / "config.yaml").is_file()  # the runner has written into the run dir
+        os.kill(os.getpid(), signal.SIGINT)  # StopSignals in its startup phase: interrupt now
+        raise AssertionError("the Ctrl-C did not interrupt the startup")
+
+    monkeypatch.setattr(runner_mod, "launch_reasoning_groups", launch)
+    signals = StopSignals(duplicate_s=3600).install()
+    try:
+        code = train_reasoning("configs/reasoning_grpo_tiny.yaml", [f"run.dir={run_dir}"],
+                               fail=pytest.fail, short_error=str, signals=signals)
+    finally:
+        signals.restore()
+    return code, capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_ctrl_c_while_workers_start_removes_only_a_new_run_dir(monkeypatch, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code, last = _ctrl_c_while_workers_start(monkeypatch, run_dir, capsys)
+    assert code == 130 and not run_dir.exists()
+    assert last == ("interrupted before training started: nothing was trained; removed the "
+                    f"new run directory {run_dir}.")
+    run_dir.mkdir()  # a directory the user made (no results.json, so the run goes into it)
+    (run_dir / "notes.txt").write_text("mine")
+    code, last = _ctrl_c_while_workers_start(monkeypatch, run_dir, capsys)
+    assert code == 130 and (run_dir / "notes.txt").read_text() == "mine"
+    assert last.endswith(f"; {run_dir} holds no results.")
