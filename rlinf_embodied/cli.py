@@ -63,6 +63,28 @@ def main(
     ),
 ) -> None:
     """RL fine-tuning of robot policies in simulators."""
+    _one_line_config_warnings()
+
+
+def _one_line_config_warnings() -> None:
+    """Print a :class:`~rlinf_embodied.config.ConfigWarning` as one ``warning: ...`` line on
+    stderr (not Python's ``file:line: category`` form); other warnings are left as they are."""
+    import warnings
+
+    from rlinf_embodied.config import ConfigWarning
+
+    show = warnings.showwarning
+    if getattr(show, "_config_one_line", False):
+        return
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    one_line._config_one_line = True
+    warnings.showwarning = one_line
 
 
 @config_app.command("show")

@@ -22,6 +22,7 @@ import itertools
 import os
 import tempfile
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -33,6 +34,7 @@ from rlinf_embodied.elastic.config import ElasticConfig
 
 __all__ = [
     "ConfigError",
+    "ConfigWarning",
     "check_registered_env_id",
     "peek_top_level",
     "config_class",
@@ -56,6 +58,11 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message says what and how to fix it."""
+
+
+class ConfigWarning(UserWarning):
+    """A valid configuration with a setting that likely does not do what was meant (the
+    message says why and what to change); the CLI prints it as one ``warning:`` line."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,6 +463,11 @@ class LoggingConfig:
     console: bool = True
 
 
+CRITIC_FREE_ADVANTAGES = ("grpo", "reinforce_pp")
+"""Built-in advantage estimators that ignore the critic's values
+(``rlinf_embodied.algorithms.advantages``)."""
+
+
 @dataclass
 class JobConfig:
     """A whole job: the top level of every YAML in ``configs/``."""
@@ -476,6 +488,7 @@ class JobConfig:
 
     def __post_init__(self):
         self._check_fixed_length_envs()
+        self._warn_unused_critic_settings()
         if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
             raise ConfigError(
                 "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
@@ -488,6 +501,28 @@ class JobConfig:
                 "policy.critic=true."
             )
 
+
+    def _warn_unused_critic_settings(self) -> None:
+        """Warn when critic settings cannot change the policy: the critic-free estimators
+        (:data:`CRITIC_FREE_ADVANTAGES`) never read the critic's values, yet a policy with
+        ``critic: true`` (e.g. loading an SFT checkpoint's critic) still fits its value loss.
+        A warning, not an error: the run is valid, the setting only changes the critic's
+        weights in the checkpoints (``trainer.critic_lr``) or freezes the policy for the
+        warm-up iterations (``trainer.critic_warmup_iterations``)."""
+        adv = self.algorithm.advantage
+        if adv not in CRITIC_FREE_ADVANTAGES or getattr(self.policy, "critic", None) is not True:
+            return
+        t = self.trainer
+        if t.critic_lr is not None:
+            warnings.warn(
+                f"trainer.critic_lr={t.critic_lr} only changes how the critic is fitted: "
+                f"algorithm.advantage={adv} does not use its values, so the policy's updates do "
+                f"not depend on it; drop it or use algorithm.advantage=gae.", ConfigWarning, stacklevel=2)
+        if t.critic_warmup_iterations > 0:
+            warnings.warn(
+                f"trainer.critic_warmup_iterations={t.critic_warmup_iterations} freezes the "
+                f"policy to fit a critic that algorithm.advantage={adv} does not use; set it to 0 "
+                f"or use algorithm.advantage=gae.", ConfigWarning, stacklevel=2)
 
     def _check_fixed_length_envs(self) -> None:
         """``env.ignore_terminations_fraction`` checks, here rather than in :class:`EnvConfig`:

@@ -48,6 +48,15 @@ def test_every_shipped_config_passes_config_show():
         assert r.exit_code == 0, (path.name, r.output)
 
 
+def test_config_show_prints_a_config_warning_as_one_line():
+    r = runner.invoke(app, ["config", "show", "configs/maniskill_pushcube_grpo_mlp_finetune.yaml",
+                            "trainer.critic_lr=1e-4"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if "critic_lr" in ln and "grpo" in ln)
+    assert line.startswith("warning: trainer.critic_lr=0.0001 only changes how the critic")
+    assert "UserWarning" not in r.output and "ConfigWarning" not in r.output
+
+
 def test_config_show_rejects_what_train_would_reject_later():
     for args, words in (
         (["configs/gym_pointreach_ppo_mlp.yaml", "env.env_id=PointReach-v0"], "'toy/PointReach-v0'"),

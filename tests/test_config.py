@@ -229,3 +229,22 @@ def test_a_job_with_a_fraction_gives_workers_valid_env_copies():
     with pytest.raises(ConfigError, match="drop env.ignore_terminations_fraction"):
         load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
                     ["env.ignore_terminations=true", "env.ignore_terminations_fraction=0.5"])
+
+
+def test_critic_settings_a_critic_free_advantage_ignores_warn():
+    import warnings
+
+    from rlinf_embodied.config import ConfigWarning
+
+    grpo = CONFIGS / "maniskill_pushcube_grpo_mlp_finetune.yaml"  # critic: true, advantage grpo
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        job = load_config(grpo)  # the shipped config loads the SFT critic without a warning
+        assert job.policy.critic is True and job.trainer.critic_lr is None
+        load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml", ["trainer.critic_lr=1e-4"])  # GAE
+    with pytest.warns(ConfigWarning, match="algorithm.advantage=grpo does not use its values"):
+        job = load_config(grpo, ["trainer.critic_lr=1e-4"])
+    assert job.trainer.critic_lr == 1e-4  # still valid: the critic is fitted at that rate
+    with pytest.warns(ConfigWarning, match="critic_warmup_iterations=2 freezes the policy"):
+        load_config(grpo, ["trainer.critic_warmup_iterations=2",
+                           "algorithm.advantage=reinforce_pp"])
