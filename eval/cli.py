@@ -78,7 +78,7 @@ def eval_command(
     trials_per_task: Optional[int] = typer.Option(
         None, "--trials-per-task", help="Trials 0..n-1 of each task (default: the protocol's)."),
     num_envs: int = typer.Option(
-        8, "--num-envs", help="Envs run concurrently (greedy results do not depend on it)."),
+        8, "--num-envs", help="Envs run concurrently (results do not depend on it)."),
     num_processes: Optional[int] = typer.Option(
         None, "--num-processes", help="Env pool processes (default min(num_envs, CPUs); 0 = in-process)."),
     video: str = typer.Option("none", "--video", help="none, failures or all."),
@@ -91,7 +91,8 @@ def eval_command(
     policy_mode: Optional[str] = typer.Option(
         None, "--policy-mode",
         help="greedy (the distribution's mode, every protocol's default) or sample (draws from "
-             "it as RL rollouts do, seeded by the protocol's global_seed); recorded."),
+             "it as RL rollouts do, seeded per trial and query from the protocol's global_seed); "
+             "recorded."),
     policy_type: Optional[str] = typer.Option(
         None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),

@@ -82,8 +82,8 @@ class EvalRequest:
         protocol: protocol name; None takes :data:`DEFAULT_PROTOCOLS` of the family.
         tasks: LIBERO task ids of the suite; None evaluates every task.
         trials_per_task: overrides the protocol's count (selects trials 0..n-1).
-        num_envs: N, envs run concurrently (greedy results do not depend on it; sampled ones
-            draw their noise per batch).
+        num_envs: N, envs run concurrently (results do not depend on it: sampled actions are
+            seeded per episode and query, see :func:`~rlinf_embodied.eval.sources.episode_seed`).
         num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
         video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
         output: results JSON path.
@@ -400,7 +400,9 @@ def run_pairs(
     Args:
         env: a :class:`~rlinf_embodied.envs.base.BatchedEnv` with ``autoreset_mode``
             ``next_step`` (idle slots then restart on their own and their results are ignored).
-        act: ``obs -> actions`` (N, K, A); K > 1 is executed with ``chunk_step``.
+        act: ``obs -> actions`` (N, K, A); K > 1 is executed with ``chunk_step``. An ``act``
+            with ``per_episode = True`` is called as ``act(obs, episodes)`` with each slot's
+            ``(task, trial, query index)`` (None when idle), to seed its draws per episode.
         pairs: the (task, trial) pairs to run, in order.
         reset: ``reset(env, slot_ids, pairs, first)`` starts ``pairs`` in ``slot_ids`` and
             returns the obs of all N envs; ``first`` is True for the first call (all slots).
@@ -475,7 +477,11 @@ def run_pairs(
             active = [i for i in range(n) if slots[i] is not None]
             finished: List[Episode] = []
             try:
-                actions = act(obs)
+                if getattr(act, "per_episode", False):  # sampled: noise seeded per episode
+                    actions = act(obs, [None if slots[i] is None else
+                                        (*slots[i].pair, int(queries[i])) for i in range(n)])
+                else:
+                    actions = act(obs)
                 if getattr(actions, "ndim", 0) != 3:
                     raise ValueError(f"policy returned actions of shape "
                                      f"{getattr(actions, 'shape', None)}, expected (N, K, A)")

@@ -15,10 +15,10 @@ SOURCE is one of:
   ``--checkpoint best`` ``checkpoints/best`` (the policy of the run's best evaluation).
 
 A Policy-like source acts in the protocol's ``policy_mode``: ``greedy`` (the distribution's
-mode) or ``sample`` (draws from the distribution with a torch random stream of its own, seeded
-by the protocol's ``global_seed``, so a sampled evaluation repeats exactly for a given
-``num_envs``; the noise of a slot depends on which trials share its batch, so unlike greedy
-results, sampled ones may change with ``num_envs``). ``random`` ignores the mode.
+mode) or ``sample`` (draws from the distribution, each env's query under its own seed from the
+protocol's ``global_seed``, the task, the trial and the query index, so like greedy results a
+sampled episode is the same for any ``num_envs``; the policy then runs once per env). ``random``
+ignores the mode.
 
 Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
 of the factory's module source, or of the word ``random``.
@@ -82,7 +82,7 @@ class LoadedPolicy:
     Attributes:
         act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units: the policy's
             greedy actions, or actions drawn from its distribution when the protocol's
-            ``policy_mode`` is ``sample`` (seeded by the protocol's ``global_seed``).
+            ``policy_mode`` is ``sample`` (seeded per episode, see :func:`episode_seed`).
         source: the SOURCE string as given.
         kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
         sha256: hash of the checkpoint files / factory source (hex).
@@ -156,10 +156,17 @@ def _policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[M
     Args:
         policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
         mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
-        seed: ``sample`` only: seed of the policy's own torch random stream. Every call runs
-            inside :func:`torch.random.fork_rng` with that stream's state (CPU, plus the CUDA
-            device the policy is on), so the drawn actions depend only on ``seed`` and the
-            sequence of observation batches, not on other users of torch's global generator.
+        seed: ``sample`` only: the protocol's ``global_seed``. Every call runs inside
+            :func:`torch.random.fork_rng` (CPU, plus the CUDA device the policy is on), so the
+            draws do not depend on other users of torch's global generator.
+
+    The ``sample`` function takes ``act(obs, episodes=None)``: with ``episodes`` (one
+    ``(task, trial, query)`` per env, None for an idle slot; what :func:`~rlinf_embodied.eval.run.run_pairs`
+    passes) it queries the policy once per env, each under its own seed derived from
+    ``(seed, task, trial, query)`` (:func:`episode_seed`), so an episode's actions do not depend
+    on ``num_envs`` or on which envs share its batch; this costs N batch-1 forward passes per
+    query (greedy evaluation keeps one batched pass). Without ``episodes`` it draws the batch
+    from one stream seeded once by ``seed``, advancing over calls.
 
     Raises:
         ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
@@ -182,21 +189,57 @@ def _policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[M
     cuda = [device.index or 0] if device.type == "cuda" else []
     state: Dict[str, Any] = {}
 
-    def sample(obs: Mapping[str, Any]) -> Any:
+    def draw(obs: Mapping[str, Any]) -> Any:
+        out = policy.act(obs, mode="sample")
+        return _as_chunk(getattr(out, "actions", out))
+
+    def sample(obs: Mapping[str, Any], episodes: Optional[List[Optional[tuple]]] = None) -> Any:
         with torch.random.fork_rng(devices=cuda, device_type="cuda"), torch.no_grad():
+            if episodes is not None:
+                rows, idle = [], []
+                for i, key in enumerate(episodes):
+                    if key is None:
+                        idle.append(i)
+                        rows.append(None)
+                        continue
+                    torch.manual_seed(episode_seed(seed, *key))  # seeds CUDA too
+                    rows.append(draw({k: _row(v, i) for k, v in obs.items()}))
+                like = next((r for r in rows if r is not None), None)
+                if like is None:
+                    return draw(obs)  # every slot idle: the actions are ignored
+                zero = like * 0  # idle slots: actions the loop ignores
+                rows = [zero if r is None else r for r in rows]
+                cat = np.concatenate if isinstance(like, np.ndarray) else torch.cat
+                return cat(rows, 0)
             if not state:
                 torch.manual_seed(seed)
             else:
                 torch.set_rng_state(state["cpu"])
                 if cuda:
                     torch.cuda.set_rng_state(state["cuda"], cuda[0])
-            out = policy.act(obs, mode="sample")
+            out = draw(obs)
             state["cpu"] = torch.get_rng_state()
             if cuda:
                 state["cuda"] = torch.cuda.get_rng_state(cuda[0])
-        return _as_chunk(getattr(out, "actions", out))
+        return out
 
+    sample.per_episode = True  # run_pairs passes each env's (task, trial, query)
     return sample
+
+
+def episode_seed(seed: int, task: Any, trial: int, query: int) -> int:
+    """Seed of the ``query``-th policy query of trial ``trial`` of ``task`` in a sampled
+    evaluation with ``global_seed`` ``seed``: the first 8 bytes of a sha256 over the four
+    (stable across processes and Python versions, unlike ``hash``), as a non-negative int63."""
+    text = f"{int(seed)}|{task!r}|{int(trial)}|{int(query)}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
+
+
+def _row(value: Any, i: int) -> Any:
+    """Row ``i`` of one observation entry, keeping its batch dimension (tensor, array, list)."""
+    if hasattr(value, "shape") or isinstance(value, (list, tuple)):
+        return value[i:i + 1]
+    return value
 
 
 def _mode_of(ctx: PolicyContext) -> tuple:

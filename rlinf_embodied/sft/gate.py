@@ -222,7 +222,8 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
     log-std is wide compared with the cloned actions can score well greedily and never
     succeed when sampling, so PPO sees no success at all. This is
     :func:`evaluate_checkpoint` with ``policy_mode="sample"`` (same protocol, seeds and env
-    settings as the greedy evaluation; the noise is seeded by the protocol's ``global_seed``).
+    settings as the greedy evaluation; the noise is seeded by the protocol's ``global_seed``,
+    the trial and the query index).
 
     Args:
         checkpoint: policy directory of :func:`~rlinf_embodied.policies.save_policy`.
@@ -231,8 +232,8 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
         output: results JSON of the sampled evaluation (no reports are written).
         protocol: evaluation protocol name (``maniskill_fair_v1``: trial i resets with seed
             1_000_000 + i, terminations ignored).
-        num_envs: envs stepped together (sampled results may change with it: the noise is
-            drawn per batch).
+        num_envs: envs stepped together (results do not depend on it: the noise is seeded
+            per episode and query).
         num_processes: env pool processes.
         log_std: evaluate a copy of the checkpoint whose Gaussian head's log-std (normalised
             action units) is this value (saved beside ``output``); None keeps the checkpoint's.

@@ -31,9 +31,9 @@ def _checkpoint(path, log_std):
     return path
 
 
-def _run(tmp_path, name, policy, mode):
+def _run(tmp_path, name, policy, mode, num_envs=2):
     res = evaluate(EvalRequest(env="gym", task=TASK, policy=str(policy), trials_per_task=4,
-                               num_envs=2, num_processes=0, output=str(tmp_path / name),
+                               num_envs=num_envs, num_processes=0, output=str(tmp_path / name),
                                reports=False, policy_mode=mode))
     return res, {e.trial: (e.steps, round(e.episode_return, 6)) for e in res.episodes}
 
@@ -91,3 +91,13 @@ def test_bad_policy_mode_and_sampling_a_plain_function():
         get_protocol("seeded_v1").with_overrides(policy_mode="argmax")
     with pytest.raises(PolicySourceError, match="--policy-mode greedy"):
         resolve_policy("eval_helpers:reach", _ctx("sample"))
+
+
+def test_sampled_episodes_do_not_depend_on_num_envs(tmp_path):
+    wide = _checkpoint(tmp_path / "wide", 1.0)
+    _, greedy = _run(tmp_path, "g.json", wide, "greedy")
+    _, two = _run(tmp_path, "s2.json", wide, "sample", num_envs=2)
+    _, three = _run(tmp_path, "s3.json", wide, "sample", num_envs=3)  # other batch neighbours
+    _, one = _run(tmp_path, "s1.json", wide, "sample", num_envs=1)
+    assert two == three == one  # (steps, return) of every trial
+    assert all(two[t][1] != greedy[t][1] for t in greedy)  # and they are sampled
