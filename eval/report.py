@@ -43,7 +43,11 @@ def _title(results: ResultsFile) -> str:
     h = results.header
     where = h.get("suite") or h.get("env_id") or h.get("env", "")
     proto = (h.get("protocol") or {}).get("id", "?")
-    src = (h.get("policy") or {}).get("source", "?")
+    pol = h.get("policy") or {}
+    src = pol.get("source", "?")
+    if pol.get("checkpoint"):  # a run directory: which checkpoint (--checkpoint latest / best)
+        it = pol.get("iteration")
+        src += f" ({pol['checkpoint']} checkpoint" + (f", iteration {it})" if it is not None else ")")
     return f"{where} | protocol {proto} | policy {src}"
 
 
@@ -307,24 +311,35 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
     a = a if isinstance(a, ResultsFile) else ResultsFile.load(a)
     b = b if isinstance(b, ResultsFile) else ResultsFile.load(b)
     problems = []
+    advice = ("Success rates under different protocols are not comparable (max steps, settle "
+              "steps, trials and seeds differ); re-run one evaluation with the other's "
+              "--protocol, or pass --force to compare anyway.")
     pa, pb = a.header.get("protocol") or {}, b.header.get("protocol") or {}
     if pa.get("id") != pb.get("id") or pa.get("fingerprint") != pb.get("fingerprint"):
         diff = sorted(k for k in set(pa) | set(pb)
                       if k not in ("id", "fingerprint", "trials_per_task", "overrides")
                       and pa.get(k) != pb.get(k))
-        problems.append(
-            f"different protocols: {pa.get('id')} (fingerprint {pa.get('fingerprint')}) vs "
-            f"{pb.get('id')} (fingerprint {pb.get('fingerprint')}); differing fields: "
-            f"{', '.join(diff) or 'none listed'}"
-        )
+        # results written before policy_mode existed acted greedily
+        ma, mb = pa.get("policy_mode", "greedy"), pb.get("policy_mode", "greedy")
+        if ma != mb and set(diff) <= {"policy_mode"}:
+            problems.append(f"they took different actions, policy_mode {ma} ({a.path.name}) vs "
+                            f"{mb} ({b.path.name}), under otherwise the same protocol")
+            advice = ("A policy's success with sampled actions is not its greedy success; "
+                      f"re-run one evaluation with the other's --policy-mode ({ma} or {mb}), "
+                      "or pass --force to compare anyway.")
+        else:
+            problems.append(
+                f"different protocols: {pa.get('id')} (fingerprint {pa.get('fingerprint')}) vs "
+                f"{pb.get('id')} (fingerprint {pb.get('fingerprint')}); differing fields: "
+                f"{', '.join(diff) or 'none listed'}"
+                + (f" (policy_mode {ma} vs {mb})" if ma != mb else "")
+            )
     for key in ("env", "suite", "env_id"):
         if a.header.get(key) != b.header.get(key):
             problems.append(f"different {key}: {a.header.get(key)!r} vs {b.header.get(key)!r}")
     if problems and not force:
         raise CompareError(
-            "Refusing to compare " + f"{a.path} and {b.path}: " + "; ".join(problems)
-            + ". Success rates under different protocols are not comparable (max steps, settle steps, trials and seeds differ); "
-            "re-run one evaluation with the other's --protocol, or pass --force to compare anyway."
+            f"Refusing to compare {a.path} and {b.path}: " + "; ".join(problems) + ". " + advice
         )
     warnings = [f"forced: {p}" for p in problems]
     va, vb = a.header.get("versions") or {}, b.header.get("versions") or {}

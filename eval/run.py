@@ -40,6 +40,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from rlinf_embodied.eval.protocols import (
     LIBERO_SUITES,
+    POLICY_MODES,
     Protocol,
     get_protocol,
     installed_version,
@@ -627,11 +628,14 @@ def resolve_protocol(req: EvalRequest) -> Protocol:
     """The request's protocol with its overrides applied.
 
     Raises:
-        EvalError: unknown env family.
+        EvalError: unknown env family or ``policy_mode`` (named by its CLI flag).
         ProtocolError: unknown protocol (lists valid ones) or invalid override.
     """
     if req.env not in _FAMILIES:
         raise EvalError(f"Unknown --env {req.env!r}; valid: {', '.join(sorted(_FAMILIES))}.")
+    if req.policy_mode is not None and req.policy_mode not in POLICY_MODES:
+        raise EvalError(f"--policy-mode must be one of {', '.join(POLICY_MODES)} "
+                        f"(got {req.policy_mode!r}).")
     protocol = get_protocol(req.protocol or DEFAULT_PROTOCOLS[req.env], env=req.env)
     return protocol.with_overrides(
         trials_per_task=req.trials_per_task, max_steps=req.max_steps,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -91,6 +92,9 @@ class LoadedPolicy:
         execution: what one query executes when known before running: ``head`` type,
             ``action_chunk`` K, ``open_loop_steps``, ``unnorm_key``, ``preprocessing`` (VLA
             policies); the evaluation adds the chunk length it observes.
+        checkpoint: ``latest`` or ``best`` when the source is a training run directory (which
+            of its checkpoints ``--checkpoint`` chose), else None.
+        iteration: training iteration of that checkpoint (its ``runner_state.json``), if known.
     """
 
     act: Callable[[Mapping[str, Any]], Any]
@@ -100,11 +104,15 @@ class LoadedPolicy:
     path: Optional[str] = None
     needs_images: bool = True
     execution: Dict[str, Any] = field(default_factory=dict)
+    checkpoint: Optional[str] = None
+    iteration: Optional[int] = None
 
     def header(self) -> Dict[str, Any]:
         """The results-header entry of the policy (``execution`` goes in the header beside it)."""
-        return {"source": self.source, "kind": self.kind, "sha256": self.sha256,
-                "path": self.path}
+        h = {"source": self.source, "kind": self.kind, "sha256": self.sha256, "path": self.path}
+        if self.checkpoint is not None:
+            h.update(checkpoint=self.checkpoint, iteration=self.iteration)
+        return h
 
 
 def hash_files(root: Path) -> str:
@@ -405,8 +413,16 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
             f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
             "trained on."
         )
+    which_run, iteration = None, None
+    if (path / "checkpoints").is_dir():  # a run directory: say which of its checkpoints
+        which_run = which
+        state = next((d / "runner_state.json" for d in (ckpt, ckpt.parent)
+                      if (d / "runner_state.json").is_file()), None)
+        if state is not None:
+            iteration = json.loads(state.read_text()).get("iteration")
     return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
-                        needs_images=have.image_shape is not None, execution=_execution(policy))
+                        needs_images=have.image_shape is not None, execution=_execution(policy),
+                        checkpoint=which_run, iteration=iteration)
 
 
 def vla_type(path: Path) -> str:

@@ -125,7 +125,7 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
         sched.step()
         if (step + 1) % max(1, cfg.steps // 10) == 0:
             extra = f", value loss {float(vloss.detach()):.3f}" if fit_value else ""
-            log(f"  bc step {step + 1}/{cfg.steps}: nll per action dim {float(nll):.3f}{extra}")
+            log(f"  bc step {step + 1}/{cfg.steps}: nll per action dim {float(nll.detach()):.3f}{extra}")
     policy.eval()
     with torch.no_grad():
         out = policy.act({"states": data.states}, mode="greedy")

@@ -101,3 +101,45 @@ def test_sampled_episodes_do_not_depend_on_num_envs(tmp_path):
     _, one = _run(tmp_path, "s1.json", wide, "sample", num_envs=1)
     assert two == three == one  # (steps, return) of every trial
     assert all(two[t][1] != greedy[t][1] for t in greedy)  # and they are sampled
+
+
+def test_report_title_names_the_run_checkpoint_it_evaluated(tmp_path):
+    import json
+
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.eval.report import markdown_table
+    from rlinf_embodied.policies.registry import load_policy, save_policy
+
+    policy = load_policy(_checkpoint(tmp_path / "p", 0.0))
+    run = tmp_path / "run"  # a training run directory as the runner writes it
+    for name, it, latest in (("iter_000004", 4, True), ("best", 2, False)):
+        with checkpoint_dir(run, name, update_latest=latest) as d:
+            save_policy(policy, d / "policy")
+            (d / "runner_state.json").write_text(json.dumps({"iteration": it, "env_steps": 0}))
+    titles = {}
+    for which in ("latest", "best"):
+        res = evaluate(EvalRequest(env="gym", task=TASK, policy=str(run), checkpoint=which,
+                                   trials_per_task=1, num_envs=1, num_processes=0,
+                                   output=str(tmp_path / f"{which}.json"), reports=False))
+        titles[which] = markdown_table(res).splitlines()[0]
+    assert titles["latest"].endswith(f"policy {run} (latest checkpoint, iteration 4)**")
+    assert titles["best"].endswith(f"policy {run} (best checkpoint, iteration 2)**")
+
+
+def test_policy_mode_errors_name_the_flag_and_the_modes(tmp_path):
+    from rlinf_embodied.eval.cli import eval_app
+    from rlinf_embodied.eval.report import CompareError, compare
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(eval_app, ["--env", "gym", "--task", TASK, "--policy", "random",
+                                        "--policy-mode", "argmax", "-o", str(tmp_path / "x.json")])
+    assert out.exit_code == 2
+    assert "--policy-mode must be one of greedy, sample (got 'argmax')" in out.output
+    ckpt = _checkpoint(tmp_path / "p", 0.0)
+    greedy, _ = _run(tmp_path, "g.json", ckpt, "greedy")
+    sampled, _ = _run(tmp_path, "s.json", ckpt, "sample")
+    with pytest.raises(CompareError) as e:
+        compare(greedy, sampled)
+    msg = str(e.value)
+    assert "policy_mode greedy (g.json) vs sample (s.json)" in msg
+    assert "--policy-mode (greedy or sample)" in msg and "--protocol" not in msg
