@@ -487,7 +487,7 @@ class JobConfig:
     """Elastic, preemptible rollout workers (rlinf_embodied/elastic/config.py)."""
 
     def __post_init__(self):
-        self._check_fixed_length_envs()
+        self.check_fixed_length_envs()
         self._warn_unused_critic_settings()
         if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
             raise ConfigError(
@@ -500,7 +500,6 @@ class JobConfig:
                 "this policy does not have (policy.critic=false); set trainer.critic_lr=null or "
                 "policy.critic=true."
             )
-
 
     def _warn_unused_critic_settings(self) -> None:
         """Warn when critic settings cannot change the policy: the critic-free estimators
@@ -524,16 +523,20 @@ class JobConfig:
                 f"policy to fit a critic that algorithm.advantage={adv} does not use; set it to 0 "
                 f"or use algorithm.advantage=gae.", ConfigWarning, stacklevel=2)
 
-    def _check_fixed_length_envs(self) -> None:
+    def check_fixed_length_envs(self, env_ranks: Optional[int] = None) -> None:
         """``env.ignore_terminations_fraction`` checks, here rather than in :class:`EnvConfig`:
         the workers copy the env section with another ``num_envs`` (one env worker's share) or
         ``ignore_terminations=true`` (in-training evaluation), which must stay valid.
 
         Each env worker's batch of n envs fixes its first ``int(round(f * n))``
         (``rlinf_embodied.envs.vector``): n is ``env.num_envs / (env ranks x
-        trainer.pipeline_stages)`` (elastic: the shard size). The env ranks come from the
-        placement, unknown here, so n is bounded by one env rank's share; a fraction that
-        rounds to 0 envs there does so on every env worker.
+        trainer.pipeline_stages)`` (elastic: the shard size). Loading a config runs this with
+        ``env_ranks=None``: the placement's env ranks are unknown, so n is bounded by one env
+        rank's share (a fraction that rounds to 0 envs there does so on every env worker);
+        callers that know the env ranks pass them for the exact check.
+
+        Args:
+            env_ranks: ranks of the env worker group, or None when unknown.
 
         Raises:
             ConfigError: both ``ignore_terminations`` and a fraction are set, or the fraction
@@ -553,10 +556,12 @@ class JobConfig:
             n = el.shard_envs or max(1, e.num_envs // (el.reserved_workers + el.preemptible_workers))
             per, key, scale = f"the {n} envs of each elastic shard", "elastic.shard_envs", 1
         else:
-            scale = max(1, self.trainer.pipeline_stages)
+            ranks, stages = env_ranks or 1, max(1, self.trainer.pipeline_stages)
+            scale = ranks * stages
             n = e.num_envs // scale
-            per = (f"the at most {n} envs each env worker steps per pipeline stage "
-                   f"(env.num_envs / trainer.pipeline_stages = {e.num_envs} / {scale})")
+            per = (f"the {'at most ' if env_ranks is None else ''}{n} envs each env worker "
+                   f"steps per pipeline stage (env.num_envs / (env ranks x "
+                   f"trainer.pipeline_stages) = {e.num_envs} / ({ranks} x {stages}))")
             key = "env.num_envs"
         if n >= 1 and int(round(f * n)) == 0:  # the mask of rlinf_embodied.envs.vector
             need = next(k for k in itertools.count(n + 1) if int(round(f * k)) >= 1)

@@ -214,6 +214,9 @@ def test_a_fraction_that_fixes_no_env_is_refused():
         load_config(ppo, ["env.num_envs=4", "env.ignore_terminations_fraction=0.125"])
     ok = load_config(ppo, ["env.num_envs=4", "env.ignore_terminations_fraction=0.2"])
     assert ok.env.ignore_terminations_fraction == 0.2  # round(0.8) = 1 env
+    # with the placement's env ranks known: 2 ranks give each 2 envs, round(0.4) = 0
+    with pytest.raises(ConfigError, match=r"= 4 / \(2 x 1\)\), so it does nothing"):
+        ok.check_fixed_length_envs(env_ranks=2)
 
 
 def test_a_job_with_a_fraction_gives_workers_valid_env_copies():
