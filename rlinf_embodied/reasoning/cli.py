@@ -73,7 +73,9 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
     ``signals``: the CLI's installed :class:`~rlinf_embodied.runners.signals.StopSignals`; a
     Ctrl-C before training starts returns 130 with nothing trained and removes the run
     directory if this call created it (as for embodied runs), one during training stops after
-    the current step and saves the model (exit code 130).
+    the current step and saves the model (exit code 130; after the SFT warm-up but before
+    step 1 the warm-up model, at step 0). A new run directory is also removed when a run
+    stopped before step 1 saved nothing (no SFT warm-up, or aborted).
     """
     import shutil
 
@@ -114,6 +116,12 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
     except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
         fail(short_error(e), code=1)
     res = runner.run(signals)
+    if new_dir and res.get("interrupted") and not res["steps"] and not res.get("model"):
+        # stopped before step 1 with nothing saved: as for a Ctrl-C during startup
+        shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"interrupted before step 1: nothing was saved; removed the new run directory "
+              f"{run_dir}.")
+        return 130
     for line in report_lines(res, run_dir, cfg.trainer.iterations):
         print(line)
     return 130 if res.get("interrupted") else 0

@@ -120,10 +120,12 @@ class ReasoningRunner:
                 if t.save_every and done % t.save_every == 0:
                     self.save(done)
             self.interrupted = self.signals.requested
+            trained = bool(done or "sft" in self.results)  # the SFT warm-up trains too
             if self.interrupted:
                 print(f"interrupted after step {done}: "
-                      + ("saving the model" if done else "nothing trained, nothing to save"))
-            if (t.save_every or self.interrupted) and done and \
+                      + ("saving the model" if done else "saving the SFT warm-up model"
+                         if trained else "nothing trained, nothing to save"))
+            if (t.save_every or self.interrupted) and trained and \
                     (self.saved is None or self.saved[1] != done):
                 self.save(done)
         except KeyboardInterrupt:

@@ -98,3 +98,49 @@ def test_ctrl_c_while_workers_start_removes_only_a_new_run_dir(monkeypatch, tmp_
     code, last = _ctrl_c_while_workers_start(monkeypatch, run_dir, capsys)
     assert code == 130 and (run_dir / "notes.txt").read_text() == "mine"
     assert last.endswith(f"; {run_dir} holds no results.")
+
+
+def _train_with_ctrl_c_in_step_0_eval(monkeypatch, run_dir, sft_steps):
+    """``train_reasoning`` (real workers) with a real SIGINT during the step-0 evaluation, so
+    the run stops before step 1."""
+    from rlinf_embodied.reasoning.cli import train_reasoning
+
+    evaluate = ReasoningRunner.evaluate
+
+    def ctrl_c_in_step_0_eval(self, step):
+        if step == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(self, step)
+
+    monkeypatch.setattr(ReasoningRunner, "evaluate", ctrl_c_in_step_0_eval)
+    job = [o for o in JOB if not o.startswith(("trainer.sft_steps", "trainer.eval_every"))]
+    job += ["trainer.eval_every=1", "eval.max_new_tokens=4", f"trainer.sft_steps={sft_steps}",
+            f"run.dir={run_dir}"]
+    signals = StopSignals(duplicate_s=3600).install()
+    try:
+        return train_reasoning("configs/reasoning_grpo_tiny.yaml", job, fail=pytest.fail,
+                               short_error=str, signals=signals)
+    finally:
+        signals.restore()
+
+
+def test_ctrl_c_before_step_1_with_nothing_trained_removes_the_new_run_dir(
+        ray_session, monkeypatch, tmp_path, capsys):
+    run_dir = tmp_path / "run"  # no SFT warm-up: nothing trained, as after a Ctrl-C in startup
+    assert _train_with_ctrl_c_in_step_0_eval(monkeypatch, run_dir, 0) == 130
+    assert not run_dir.exists()
+    out = capsys.readouterr().out
+    assert "interrupted after step 0: nothing trained, nothing to save" in out
+    assert out.strip().endswith(f"removed the new run directory {run_dir}.")
+
+
+@pytest.mark.slow  # a second real run (about 40 s on 2 idle cores)
+def test_ctrl_c_after_the_sft_warm_up_saves_its_model(ray_session, monkeypatch, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert _train_with_ctrl_c_in_step_0_eval(monkeypatch, run_dir, 2) == 130
+    out = capsys.readouterr().out
+    assert "interrupted after step 0: saving the SFT warm-up model" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["steps"] == [] and res["model"] == {"path": str(run_dir / "model"), "step": 0}
+    assert json.loads((run_dir / "model" / "step.json").read_text()) == {"step": 0}
+    assert "no later evaluation ran" in out and f"model: {run_dir / 'model'} (step 0" in out
