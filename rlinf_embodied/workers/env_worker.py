@@ -334,7 +334,9 @@ class EnvWorker(Worker):
         key = (n, render)
         if key not in self._eval_envs:
             extra = {"render_images": True} if render else {}
-            env_cfg = dataclasses.replace(self.cfg.env, num_envs=n, ignore_terminations=True, video=False, **extra)
+            # fixed-length for every env (a training-only ignore_terminations_fraction does not apply)
+            env_cfg = dataclasses.replace(self.cfg.env, num_envs=n, ignore_terminations=True,
+                                          ignore_terminations_fraction=0.0, video=False, **extra)
             self._eval_envs[key] = make_env(env_cfg)
         return self._eval_envs[key]
 
