@@ -31,6 +31,7 @@ import array
 import collections
 import copyreg
 import dataclasses
+import functools
 import io
 import mmap
 import os
@@ -135,31 +136,31 @@ def _reduce_tensor(obj):
     return _tensor_from_buffer, (pickle.PickleBuffer(array), _dtype_codes()[obj.dtype], tuple(obj.shape))
 
 
-_dtype_table: list = []
+@functools.cache
+def _dtype_tables() -> tuple[tuple, dict]:
+    """((torch dtype, numpy dtype or None) per code, code per torch dtype); called only once
+    torch is imported (a tensor is being encoded or decoded)."""
+    import numpy as np
+    import torch
+
+    names = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
+             "bool", "complex64", "complex128", "bfloat16", "uint16", "uint32", "uint64",
+             "float8_e4m3fn", "float8_e5m2")
+    found = [getattr(torch, n) for n in names if hasattr(torch, n)]
+    numpy_kind = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+                  torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+                  torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+                  torch.complex64: np.complex64, torch.complex128: np.complex128}
+    return tuple((d, numpy_kind.get(d)) for d in found), {d: i for i, d in enumerate(found)}
 
 
 def _dtypes() -> tuple:
-    """(torch dtype, numpy dtype or None) per code (built once torch is imported)."""
-    if not _dtype_table:
-        import numpy as np
-        import torch
-
-        names = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
-                 "bool", "complex64", "complex128", "bfloat16", "uint16", "uint32", "uint64",
-                 "float8_e4m3fn", "float8_e5m2")
-        found = [getattr(torch, n) for n in names if hasattr(torch, n)]
-        numpy_kind = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-                      torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
-                      torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
-                      torch.complex64: np.complex64, torch.complex128: np.complex128}
-        table = tuple((d, numpy_kind.get(d)) for d in found)
-        _dtype_table.extend([table, {d: i for i, d in enumerate(found)}])
-    return _dtype_table[0]
+    """(torch dtype, numpy dtype or None) per code."""
+    return _dtype_tables()[0]
 
 
 def _dtype_codes() -> dict:
-    _dtypes()
-    return _dtype_table[1]
+    return _dtype_tables()[1]
 
 
 _pickle_tables: list = []
@@ -167,7 +168,8 @@ _pickle_tables: list = []
 
 def _dispatch_table() -> dict | None:
     """copyreg's reductions plus :func:`_reduce_tensor` for ``torch.Tensor`` (None until torch
-    is imported: then no item can hold a tensor)."""
+    is imported: then no item can hold a tensor). Built once, on the first call after torch
+    is imported (not cached before: a None result must not stick)."""
     if not _pickle_tables:
         torch = sys.modules.get("torch")
         if torch is None:

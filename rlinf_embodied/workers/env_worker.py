@@ -35,7 +35,7 @@ import torch
 
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
-from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
+from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest, restore_echoes
 
 __all__ = ["ChannelNames", "EnvWorker", "actor_slices", "cat_env_axis", "request_seed",
            "stream_assignment", "synthetic_obs"]
@@ -134,6 +134,7 @@ class EnvWorker(Worker):
         for s in range(self.stages):  # replies come straight to this process, read by the
             self.act_ch.bind(self._reply_key(s), caller_reads=True)  # thread that waits for them
         self.act_ch.bind(self._eval_reply_key(), caller_reads=True)
+        self._asked: Dict[str, dict] = {}  # reply key -> the observation batch it answers
         self.num_rollout_ranks = num_rollout_ranks
         assign = stream_assignment(self.world_size, self.stages, num_rollout_ranks)
         self.route = {s: k for k, streams in assign.items() for (r, s) in streams if r == self.rank}
@@ -170,6 +171,7 @@ class EnvWorker(Worker):
                  reply: Optional[str] = None) -> str:
         """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key."""
         reply = reply or self._reply_key(stage)
+        self._asked[reply] = obs  # the reply's echoed forward_inputs come from here
         t0 = time.perf_counter()
         self.obs_ch.put(
             PolicyRequest(obs=obs, seed=seed, reply=reply, mode=mode, values_only=values_only),
@@ -272,7 +274,7 @@ class EnvWorker(Worker):
         t0 = time.perf_counter()
         out = self.act_ch.get(key=reply)
         self._hops["wait_s"] += time.perf_counter() - t0
-        return out
+        return restore_echoes(out, self._asked.pop(reply))
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:
@@ -312,7 +314,7 @@ class EnvWorker(Worker):
                 sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
                 mode = "greedy" if self.cfg.eval.greedy else "sample"
                 reply = self._request(0, obs, sd, mode, False, reply=self._eval_reply_key())
-                out = self.act_ch.get(key=reply)
+                out = restore_echoes(self.act_ch.get(key=reply), self._asked.pop(reply))
                 obs, r, term, trunc, info = env.chunk_step(out.actions)
                 ret += r.sum(-1).float().cpu()
                 success = info["success"].cpu().bool()
@@ -334,7 +336,9 @@ class EnvWorker(Worker):
         key = (n, render)
         if key not in self._eval_envs:
             extra = {"render_images": True} if render else {}
-            env_cfg = dataclasses.replace(self.cfg.env, num_envs=n, ignore_terminations=True, video=False, **extra)
+            # fixed-length for every env (a training-only ignore_terminations_fraction does not apply)
+            env_cfg = dataclasses.replace(self.cfg.env, num_envs=n, ignore_terminations=True,
+                                          ignore_terminations_fraction=0.0, video=False, **extra)
             self._eval_envs[key] = make_env(env_cfg)
         return self._eval_envs[key]
 

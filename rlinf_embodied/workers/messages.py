@@ -17,11 +17,11 @@ Shape vocabulary: N envs of the stream, K action chunk, A action dim.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["EndOfStream", "PolicyReply", "PolicyRequest"]
+__all__ = ["EndOfStream", "PolicyReply", "PolicyRequest", "drop_echoes", "restore_echoes"]
 
 
 @dataclasses.dataclass
@@ -60,13 +60,48 @@ class PolicyReply:
         logprobs: (N, K, A) or (N, K), float32 (None for ``values_only``).
         values: (N,) float32 value estimates, or None without a critic.
         forward_inputs: Tensors ``evaluate`` needs to recompute the log-probs, each (N, ...)
-            (None for ``values_only``).
+            (None for ``values_only``). On the wire it lacks the ``echoed`` keys.
+        echoed: ``forward_inputs`` keys that are the request's own observation tensors (a state
+            MLP's ``states``, a CNN's uint8 images): left out of the message and filled in by
+            the asking env worker from the observation it sent (:func:`restore_echoes`), so an
+            observation crosses the channel once per query, not twice. Safe because returned
+            observations are never modified in place (the env contract, envs/vector.py).
     """
 
     actions: Optional[torch.Tensor] = None
     logprobs: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None
     forward_inputs: Optional[Dict[str, torch.Tensor]] = None
+    echoed: Tuple[str, ...] = ()
+
+
+def drop_echoes(reply: PolicyReply, obs: Dict[str, Any]) -> PolicyReply:
+    """``reply`` without the ``forward_inputs`` entries that are ``obs``'s own tensors (the
+    same objects), their keys listed in ``echoed``; the rollout side of :func:`restore_echoes`."""
+    inputs = reply.forward_inputs
+    if not inputs:
+        return reply
+    echoed = tuple(k for k, v in inputs.items() if obs.get(k) is v)
+    if not echoed:
+        return reply
+    kept = {k: v for k, v in inputs.items() if k not in echoed}
+    return dataclasses.replace(reply, forward_inputs=kept, echoed=reply.echoed + echoed)
+
+
+def restore_echoes(reply: PolicyReply, obs: Dict[str, Any]) -> PolicyReply:
+    """``reply`` with its ``echoed`` entries put back from ``obs``, the observation batch of
+    the request it answers (the env side of :func:`drop_echoes`).
+
+    Raises:
+        KeyError: If ``obs`` lacks an echoed key (a reply matched to the wrong request).
+    """
+    if not reply.echoed:
+        return reply
+    missing = [k for k in reply.echoed if k not in obs]
+    if missing:
+        raise KeyError(f"PolicyReply echoes observation keys {missing} that its request did not send.")
+    inputs = {**{k: obs[k] for k in reply.echoed}, **(reply.forward_inputs or {})}
+    return dataclasses.replace(reply, forward_inputs=inputs, echoed=())
 
 
 @dataclasses.dataclass(frozen=True)

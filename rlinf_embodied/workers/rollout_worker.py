@@ -9,7 +9,7 @@ import torch
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
 from rlinf_embodied.workers.env_worker import ChannelNames
-from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
+from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest, drop_echoes
 
 __all__ = ["RolloutWorker", "StaleWeightsError"]
 
@@ -167,7 +167,7 @@ class RolloutWorker(Worker):
                 return PolicyReply()
         torch.manual_seed(req.seed)
         out = self.policy.act(obs, mode=req.mode)
-        return PolicyReply(out.actions, out.logprobs, out.values, out.forward_inputs)
+        return drop_echoes(PolicyReply(out.actions, out.logprobs, out.values, out.forward_inputs), obs)
 
 
 def _batches(requests: list[PolicyRequest]) -> list[list[PolicyRequest]]:
@@ -199,5 +199,6 @@ def _split_reply(reply: PolicyReply, sizes: list[int]) -> list[PolicyReply]:
 
     inputs = reply.forward_inputs or {}
     fi = {k: cut(v) for k, v in inputs.items()}
-    return [PolicyReply(a, lp, v, {k: fi[k][i] for k in fi} if reply.forward_inputs is not None else None)
+    return [PolicyReply(a, lp, v, {k: fi[k][i] for k in fi} if reply.forward_inputs is not None else None,
+                        reply.echoed)  # each part echoes its own request's observation
             for i, (a, lp, v) in enumerate(zip(cut(reply.actions), cut(reply.logprobs), cut(reply.values)))]

@@ -116,7 +116,9 @@ def test_run_directory_contents(ray_session, tmp_path):
         "trainer.eval_every=2", "eval.num_episodes=2", "eval.num_videos=1",
         # an env with camera images, so the final evaluation writes a video
         "env.env_id=toy/Countdown-v0", "env.kwargs={length: 10, terminate: false, with_image: true}",
-        "env.image_keys={pixels: main_images, wrist: wrist_images}", "env.state_keys=[state]"])
+        "env.image_keys={pixels: main_images, wrist: wrist_images}", "env.state_keys=[state]",
+        # a training-only mix of fixed-length envs: the evaluation env must still build
+        "env.ignore_terminations_fraction=0.5"])
     run = tmp_path / "run"
     EmbodiedRunner(cfg, run).run()
     trace = lock.trace()

@@ -1,5 +1,6 @@
 """The rollout worker can answer requests that arrive together with one forward."""
 
+import pytest
 import torch
 
 from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
@@ -53,3 +54,31 @@ def test_joined_forward_matches_one_forward_per_request():
     # a sampling request keeps its own seed: the same request gives the same actions
     r = _request(4, 21)
     assert torch.equal(worker._answer_batch([r])[0].actions, worker._answer(r).actions)
+
+
+def test_replies_leave_out_the_observation_and_the_env_puts_it_back():
+    from rlinf_embodied.runtime.transport import decode, encode
+    from rlinf_embodied.workers.messages import restore_echoes
+
+    worker = _worker()
+    req = _request(3, 21)
+    reply = worker._answer(req)
+    assert reply.echoed == ("states",) and set(reply.forward_inputs) == {"action_samples"}
+    # what crosses the channel: no states tensor among the out-of-band buffers
+    _, buffers = encode(("e0s0", reply))
+    assert sorted(b.nbytes for b in buffers) == sorted(
+        t.numel() * t.element_size() for t in (reply.actions, reply.logprobs, reply.values,
+                                               reply.forward_inputs["action_samples"]))
+    meta, buffers = encode(("e0s0", reply))
+    back = restore_echoes(decode(meta, [bytearray(b) for b in buffers])[1], req.obs)
+    assert back.echoed == () and back.forward_inputs["states"] is req.obs["states"]
+    # the restored inputs recompute the rollout's log-probs exactly
+    torch.testing.assert_close(worker.policy.evaluate(back.forward_inputs).logprobs, reply.logprobs,
+                               rtol=0, atol=0)
+    # joined greedy requests: every part echoes its own request's observation
+    group = [_request(n, seed, "greedy") for n, seed in ((2, 31), (1, 32))]
+    for r, part in zip(group, worker._answer_batch(group)):
+        assert part.echoed == ("states",)
+        assert torch.equal(restore_echoes(part, r.obs).forward_inputs["states"], r.obs["states"])
+    with pytest.raises(KeyError, match="did not send"):
+        restore_echoes(reply, {"pixels": torch.zeros(3, 1)})
