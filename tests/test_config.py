@@ -251,3 +251,13 @@ def test_critic_settings_a_critic_free_advantage_ignores_warn():
     with pytest.warns(ConfigWarning, match="critic_warmup_iterations=2 freezes the policy"):
         load_config(grpo, ["trainer.critic_warmup_iterations=2",
                            "algorithm.advantage=reinforce_pp"])
+
+
+def test_fraction_check_is_exact_once_the_env_ranks_are_known():
+    from rlinf_embodied.runners.setup import check_divisibility
+
+    cfg = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
+                      ["env.num_envs=4", "env.ignore_terminations_fraction=0.25"])
+    check_divisibility(cfg, env_ranks=1)  # 4 envs on one env worker: the first one is fixed-length
+    with pytest.raises(ConfigError, match="ignore_terminations_fraction"):
+        check_divisibility(cfg, env_ranks=2)  # 2 envs per worker: round(0.5) = 0 envs

@@ -106,6 +106,9 @@ def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> 
     """Env sharding must be even: N = env ranks x stages x n with n a multiple of the GRPO
     group G, and every actor rank trains N / actor ranks envs, a multiple of G too.
 
+    Also the exact ``env.ignore_terminations_fraction`` check for ``env_ranks``
+    (:meth:`JobConfig.check_fixed_length_envs`).
+
     Raises:
         ConfigError: naming the values and the fix.
     """
@@ -120,6 +123,7 @@ def check_divisibility(cfg: JobConfig, env_ranks: int, actor_ranks: int = 1) -> 
             f"Set env.num_envs to a multiple of actor ranks x algorithm.group_size = "
             f"{actor_ranks} x {g} = {actor_ranks * g} (got {n}), or give the actor fewer devices."
         )
+    cfg.check_fixed_length_envs(env_ranks)  # exact now that the env ranks are known
 
 
 @dataclasses.dataclass
