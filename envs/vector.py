@@ -114,9 +114,9 @@ class VectorBatchedEnv(BatchedEnv):
         self._obs: Dict[str, torch.Tensor] = {}
         self._tasks: List[str] = [""] * n
         # envs whose terminations do not end their episodes (all of them, or the first
-        # round(f * N) with env.ignore_terminations_fraction = f)
+        # EnvConfig.num_fixed_length(N) with env.ignore_terminations_fraction)
         self._fixed_length = np.full(n, self.ignore_terminations)
-        self._fixed_length[: int(round(cfg.ignore_terminations_fraction * n))] = True
+        self._fixed_length[: cfg.num_fixed_length(n)] = True
 
     # -- public API ----------------------------------------------------------------------------
     def reset(self, seed=None, env_ids=None, options=None):

@@ -195,6 +195,12 @@ class EnvConfig:
             ConfigError: naming the problem and the fix.
         """
 
+    def num_fixed_length(self, n: int) -> int:
+        """How many of a batch of ``n`` envs run fixed-length episodes under
+        ``ignore_terminations_fraction`` (the first ``round(f * n)``; ``envs.vector`` masks them,
+        :meth:`JobConfig.check_fixed_length_envs` refuses a fraction that gives 0)."""
+        return int(round(self.ignore_terminations_fraction * n))
+
     def __post_init__(self):
         if self.num_envs < 1:
             raise ConfigError(f"env.num_envs must be >= 1 (got {self.num_envs}).")
@@ -552,8 +558,10 @@ class JobConfig:
                 "env.ignore_terminations_fraction or set env.ignore_terminations=false."
             )
         if self.elastic.enabled:
-            el = self.elastic
-            n = el.shard_envs or max(1, e.num_envs // (el.reserved_workers + el.preemptible_workers))
+            shards = self.elastic.num_shards_for(e.num_envs)
+            if shards is None:
+                return  # the shard size does not divide: the elastic pool refuses it itself
+            n = e.num_envs // shards
             per, key, scale = f"the {n} envs of each elastic shard", "elastic.shard_envs", 1
         else:
             ranks, stages = env_ranks or 1, max(1, self.trainer.pipeline_stages)
@@ -563,8 +571,8 @@ class JobConfig:
                    f"steps per pipeline stage (env.num_envs / (env ranks x "
                    f"trainer.pipeline_stages) = {e.num_envs} / ({ranks} x {stages}))")
             key = "env.num_envs"
-        if n >= 1 and int(round(f * n)) == 0:  # the mask of rlinf_embodied.envs.vector
-            need = next(k for k in itertools.count(n + 1) if int(round(f * k)) >= 1)
+        if n >= 1 and e.num_fixed_length(n) == 0:
+            need = next(k for k in itertools.count(n + 1) if e.num_fixed_length(k) >= 1)
             raise ConfigError(
                 f"env.ignore_terminations_fraction={f} fixes round({f} x {n}) = 0 of {per}, so "
                 f"it does nothing; raise it above {0.5 / n:.3g}, raise {key} to at least "

@@ -261,3 +261,11 @@ def test_fraction_check_is_exact_once_the_env_ranks_are_known():
     check_divisibility(cfg, env_ranks=1)  # 4 envs on one env worker: the first one is fixed-length
     with pytest.raises(ConfigError, match="ignore_terminations_fraction"):
         check_divisibility(cfg, env_ranks=2)  # 2 envs per worker: round(0.5) = 0 envs
+
+
+def test_fraction_check_uses_the_elastic_shard_size():
+    main = CONFIGS / "maniskill_pushcube_ppo_mlp.yaml"
+    base = ["env.num_envs=8", "elastic.enabled=true", "env.ignore_terminations_fraction=0.2"]
+    with pytest.raises(ConfigError, match="elastic.shard_envs"):  # 2 envs a shard: round(0.4) = 0
+        load_config(main, base + ["elastic.shard_envs=2"])
+    assert load_config(main, base + ["elastic.shard_envs=4"]).env.num_fixed_length(4) == 1

@@ -495,10 +495,8 @@ class Channel:
 
     def _stage(self, item: Any) -> Any:
         """Accelerator tensors to host (restored on the consumer's device unless device='cpu')."""
-        if dev.has_accelerator_tensors(item):
-            item = dev.to_host(item)
-            item = item if self.device == "cpu" else _HostStaged(item)
-        return item
+        item, moved = dev.staged_to_host(item)
+        return _HostStaged(item) if moved and self.device != "cpu" else item
 
     def _pack(self, item: Any, weight: float) -> _Entry:
         item = self._stage(item)

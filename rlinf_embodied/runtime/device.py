@@ -138,25 +138,27 @@ def accelerator_initialized() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
-def has_accelerator_tensors(tree: Any) -> bool:
-    """Whether any tensor in ``tree`` (nested dicts, lists, tuples, dataclasses) lives on an
-    accelerator. False without walking the tree in a process that never initialised one (a CPU
-    worker's every channel message: the walk cost about 20 us per policy query)."""
+def staged_to_host(tree: Any) -> tuple[Any, bool]:
+    """(``tree`` with every accelerator tensor copied to CPU memory, whether any was). One walk
+    of the tree, none in a process that never initialised an accelerator (a CPU worker's every
+    channel message: the walk cost about 20 us per policy query); CPU tensors are not copied."""
     if not accelerator_initialized():
-        return False
-    kinds: set[str] = set()
+        return tree, False
+    moved = []
 
-    def note(tensor):
-        kinds.add(tensor.device.type)
-        return tensor
+    def host(t):
+        if t.device.type == "cpu":
+            return t
+        moved.append(True)
+        return t.cpu()
 
-    map_tensors(tree, note)
-    return bool(kinds - {"cpu"})
+    out = map_tensors(tree, host)
+    return (out, True) if moved else (tree, False)
 
 
 def to_host(tree: Any) -> Any:
     """Copy every accelerator tensor in ``tree`` to CPU memory (CPU tensors are not copied)."""
-    return map_tensors(tree, lambda t: t if t.device.type == "cpu" else t.cpu())
+    return staged_to_host(tree)[0]
 
 
 def to_worker_device(tree: Any, devices: Sequence[Device]) -> Any:

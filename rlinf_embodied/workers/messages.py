@@ -85,7 +85,7 @@ def drop_echoes(reply: PolicyReply, obs: Dict[str, Any]) -> PolicyReply:
     if not echoed:
         return reply
     kept = {k: v for k, v in inputs.items() if k not in echoed}
-    return dataclasses.replace(reply, forward_inputs=kept, echoed=reply.echoed + echoed)
+    return dataclasses.replace(reply, forward_inputs=kept, echoed=echoed)
 
 
 def restore_echoes(reply: PolicyReply, obs: Dict[str, Any]) -> PolicyReply:

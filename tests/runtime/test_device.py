@@ -35,9 +35,12 @@ def test_payload_nbytes_counts_dataclass_fields():
     assert dev.payload_nbytes(EndOfStream("env[0]"), unknown=1 << 30) == len("env[0]")
 
 
-def test_cpu_process_has_no_accelerator_tensors():
+def test_cpu_process_stages_nothing():
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # pragma: no cover - GPU hosts
-        assert dev.has_accelerator_tensors(dev.map_tensors(_reply(), lambda t: t.cuda()))
+        staged, moved = dev.staged_to_host(dev.map_tensors(_reply(), lambda t: t.cuda()))
+        assert moved and staged.actions.device.type == "cpu"
         return
     assert not dev.accelerator_initialized()
-    assert not dev.has_accelerator_tensors(_reply())
+    reply = _reply()
+    staged, moved = dev.staged_to_host(reply)
+    assert not moved and staged is reply  # nothing walked or copied
