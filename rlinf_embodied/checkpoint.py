@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 __all__ = [
+    "atomic_dir",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -108,6 +109,28 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
 
 
 @contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Context manager yielding a temporary sibling directory that replaces ``final`` on exit.
+
+    On an exception inside the block the temporary directory is removed and ``final`` (if it
+    existed) stays as it was; a reader never sees a half-written ``final``.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
 def checkpoint_dir(
     run_dir: str | os.PathLike, name: str, keep: int = 3, update_latest: bool = True
 ) -> Iterator[Path]:
@@ -125,22 +148,11 @@ def checkpoint_dir(
     pointer is left alone.
     """
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".tmp"))
-    tmp.chmod(0o755)
-    try:
+    with atomic_dir(root / name) as tmp:
         yield tmp
         (tmp / _COMPLETE).write_text("ok\n")
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        if update_latest:
-            atomic_write_text(root / "latest", name + "\n")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    if update_latest:
+        atomic_write_text(root / "latest", name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -9,8 +9,6 @@ by the runtime; this loop is the same under all three.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from rlinf_embodied.checkpoint import atomic_write_json
+from rlinf_embodied.checkpoint import atomic_dir, atomic_write_json
 from rlinf_embodied.config import as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger
 from rlinf_embodied.reasoning.launch import launch_reasoning_groups, split_evenly
@@ -153,17 +151,9 @@ class ReasoningRunner:
         interrupted save leaves the previous model in place.
         """
         final = self.run_dir / MODEL_DIR
-        tmp = self.run_dir / f".{MODEL_DIR}.step{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        with atomic_dir(final) as tmp:
             self.g.actor.save(str(tmp)).wait()
             atomic_write_json(tmp / "step.json", {"step": step})
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.saved = (final, step)
         return final
 
