@@ -280,7 +280,7 @@ def profile_main_job(out_dir: Path, repeats: int):
     cluster = Cluster(num_cpu_devices=2)
     with contextlib.redirect_stdout(sys.stderr):
         prof = measure_profile(cfg, cluster, out_dir / "profile", "bench", repeats=repeats,
-                               message_repeats=repeats, loop_iterations=3)
+                               message_repeats=repeats, loop_iterations=7)
     return prof, time.perf_counter() - t0
 
 

@@ -739,6 +739,10 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         }
         results = ResultsFile.open_for_run(output, header)
         pending = [p for p in pairs if p not in results.done_pairs()]
+        if results.episodes:
+            print(f"resuming {output}: {len(results.episodes)} of {len(pairs)} episodes are there "
+                  "already (same protocol and policy weights); pass another --output to start over.",
+                  file=sys.stderr)
         if not output.exists():
             results.save()  # the header is on disk before the first episode
         total = len(pairs)

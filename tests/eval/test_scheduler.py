@@ -98,5 +98,6 @@ def test_resume_after_kill(tmp_path):
     assert sorted(e.trial for e in after.episodes) == list(range(12))
     old = {e.key: e.to_dict() for e in before.episodes}
     assert all(old[e.key] == e.to_dict() for e in after.episodes if e.key in old)
+    assert f"resuming {out}: {len(before.episodes)} of 12 episodes are there already" in done.stderr
     reran = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]
     assert len(reran) == 12 - len(before.episodes)

@@ -121,10 +121,10 @@ def test_plan_for_placement_follows_the_shipped_placements():
     }
     col, dis, hyb = plans["collocated"], plans["disaggregated"], plans["hybrid"]
     assert isinstance(col, Temporal) and col.offload and not col.left.split
-    assert (col.left.devices, col.right.devices, col.right.batch) == (1, 1, 200)  # 800 / 4
+    assert (col.left.devices, col.right.devices, col.right.batch) == (1, 1, 100)  # 800 / 8
     assert isinstance(dis, Spatial) and dis.left.split and dis.chunks == 1
     assert (dis.left.devices, dis.right.devices) == (2, 1)
     assert isinstance(hyb, Temporal) and hyb.left.split and hyb.right.devices == 2
-    assert hyb.right.batch == 100  # each of 2 actor ranks trains 400 samples in 4 minibatches
+    assert hyb.right.batch == 50  # each of 2 actor ranks trains 400 samples in 8 minibatches
     sizes = message_sizes(cfg)
     assert sizes == sorted(sizes) and len(sizes) == 9  # obs + reply for 4 stream sizes, trajectory
