@@ -1,5 +1,7 @@
 """Direct channel transports: bound keys between worker processes, in one process, over TCP."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import ray
@@ -8,6 +10,7 @@ import torch
 from rlinf_embodied.runtime import Channel, ChannelTimeout, Worker, WorkerGroup
 from rlinf_embodied.runtime import channel as channel_mod
 from rlinf_embodied.runtime import transport
+from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
 
 from runtime_helpers import wait_until
 
@@ -24,10 +27,21 @@ def _items():
         torch.randn(transport.SHM_MIN_BYTES // 4 + 3),  # travels in shared memory on one node
         np.arange(70_000, dtype=np.float64),
         ("tuple", 3, 4.5),
+        # the workflow's typed messages (workers/messages.py): tensors, dicts of tensors and
+        # lists, a non-contiguous view, a shared-memory-sized tensor, a 0-d tensor, None fields
+        PolicyRequest({"states": torch.randn(4, 3), "task_descriptions": ["a", "b", "c", "d"],
+                       "rgb": torch.randint(0, 255, (4, 2, 2, 3), dtype=torch.uint8),
+                       "big": torch.randn(transport.SHM_MIN_BYTES // 4 + 5), "t": torch.tensor(2.5)},
+                      seed=11, reply="e0s1", mode="greedy"),
+        PolicyReply(torch.arange(24.0).reshape(4, 6).t(), None, torch.zeros(0), {"h": torch.ones(2, 3)}, ("states",)),
+        PolicyReply(torch.randn(2, 3).bfloat16()),  # no numpy dtype: raw bytes, dtype code
+        EndOfStream("env[1]"),
     ]
 
 
 def _same(a, b):
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray):
@@ -48,7 +62,7 @@ def test_framing_round_trips_every_payload_in_order(kind, caller_reads):
     items = _items()
     for i, item in enumerate(items):
         assert sender.send("chan", "inst", ep.address, kind, f"k{i % 2}", item, None)
-    got = {k: [ep.take("inst", k, 30)[1] for _ in range(3)] for k in ("k0", "k1")}
+    got = {k: [ep.take("inst", k, 30)[1] for _ in range(len(items[int(k[1])::2]))] for k in ("k0", "k1")}
     assert all(_same(a, b) for a, b in zip(items[0::2], got["k0"]))
     assert all(_same(a, b) for a, b in zip(items[1::2], got["k1"]))
     assert ep.take("inst", "k0", 0.05) == (False, None) and ep.held("inst") == 0
