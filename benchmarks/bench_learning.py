@@ -159,10 +159,17 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     return {"process_wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def layered(base: list[str], overrides: list[str]) -> list[str]:
+    """``base`` overrides without the keys ``overrides`` set, then ``overrides`` (the CLI
+    refuses a key given twice)."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [o for o in base if o.split("=", 1)[0] not in keys] + list(overrides)
+
+
 def train(config: str, run_dir: Path, overrides: list[str], timeout_s: float) -> dict:
     """Run ``rlinf-embodied train`` as a subprocess; returns wall time and mean load."""
     cmd = [sys.executable, "-m", "rlinf_embodied.cli", "train", config,
-           f"run.dir={run_dir}", "eval.num_videos=0", *overrides]
+           *layered([f"run.dir={run_dir}", "eval.num_videos=0"], overrides)]
     t0 = time.perf_counter()
     with LoadSampler() as load:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -199,15 +206,15 @@ def main(argv=None) -> dict:
         extra = ["trainer.target_success=null", "trainer.max_time_s=null"]
         if args.quick:
             extra.append("trainer.iterations=60")
-        extra += args.overrides
+        extra = layered(extra, args.overrides)
         for s in seeds:
             d = work / f"pushcube_seed{s}"
             if args.in_process:
                 with LoadSampler() as load:
-                    info = train_in_process(MAIN, d, [f"run.seed={s}", *extra])
+                    info = train_in_process(MAIN, d, layered([f"run.seed={s}"], extra))
                 info["mean_load"] = load.mean
             else:
-                info = train(MAIN, d, [f"run.seed={s}", *extra], timeout_s=3600)
+                info = train(MAIN, d, layered([f"run.seed={s}"], extra), timeout_s=3600)
             runs.append({"seed": s, **info, **summarize_run(d, args.target)})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
     solved = [r for r in runs if r["solved"]]

@@ -48,7 +48,7 @@ class GymEnvConfig(EnvConfig):
                 from rlinf_embodied.config import check_registered_env_id
 
                 check_registered_env_id(self.env_id, "gymnasium",
-                                        "python -c \"import gymnasium; print(sorted(gymnasium.registry))\" "
+                                        ".venv/bin/python -c \"import gymnasium; print(sorted(gymnasium.registry))\" "
                                         "(toy envs: rlinf-embodied envs list)")
         except ConfigError:
             raise

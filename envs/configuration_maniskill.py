@@ -46,7 +46,7 @@ class ManiSkillEnvConfig(EnvConfig):
 
         check_registered_env_id(
             self.env_id, "ManiSkill3",
-            "python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
+            ".venv/bin/python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
 
     def __post_init__(self):
         super().__post_init__()

@@ -2,7 +2,7 @@
 
 :class:`VectorBatchedEnv` owns all episode bookkeeping over a backend (in-process SubBatch or a
 :class:`~rlinf_embodied.envs.pool.ProcessPool`): autoreset in the declared mode, time limits,
-``ignore_terminations``, action chunks that stop each env at its first done, ``success_once``,
+``ignore_terminations``, ``success_hold_steps``, action chunks that stop each env at its first done, ``success_once``,
 and ending an env's episode as truncated with ``info["env_error"]`` when its worker failed.
 Adapters subclass it and only choose a SubBatch factory.
 
@@ -111,6 +111,9 @@ class VectorBatchedEnv(BatchedEnv):
         self._pending_error = np.zeros(n, bool)
         self._success = np.zeros(n, bool)
         self._success_once = np.zeros(n, bool)
+        # consecutive steps with success (env.success_hold_steps)
+        self._success_run = np.zeros(n, np.int64)
+        self._hold_steps = int(getattr(cfg, "success_hold_steps", 1))
         self._obs: Dict[str, torch.Tensor] = {}
         self._tasks: List[str] = [""] * n
         # envs whose terminations do not end their episodes (all of them, or the first
@@ -209,6 +212,7 @@ class VectorBatchedEnv(BatchedEnv):
         self._elapsed[ids] = 0
         self._success[ids] = False
         self._success_once[ids] = False
+        self._success_run[ids] = 0
         self._needs_reset[ids] = False
         self._pending_error[ids] = False
         self._mark_lost(res.lost_ids)
@@ -277,14 +281,19 @@ class VectorBatchedEnv(BatchedEnv):
                 self._elapsed[ok] += 1
                 te = _np(tr.terminated).astype(bool)
                 tu = _np(tr.truncated).astype(bool)
+                success = _np(tr.success).astype(bool)
+                self._success_run[ok] = np.where(success, self._success_run[ok] + 1, 0)
                 te = te & ~self._fixed_length[ok]
+                if self._hold_steps > 1:
+                    # a successful termination waits until success has held long enough
+                    te = te & (~success | (self._success_run[ok] >= self._hold_steps))
                 if self.max_episode_steps:
                     tu = tu | (self._elapsed[ok] >= self.max_episode_steps)
                 rewards[ok, k] = _np(tr.reward)
                 term[ok, k] = te
                 trunc[ok, k] = tu
-                self._success[ok] = _np(tr.success).astype(bool)
-                self._success_once[ok] |= self._success[ok]
+                self._success[ok] = success
+                self._success_once[ok] |= success
             failed = res.failed_ids
             trunc[failed, k] = True
             env_error[failed] = True

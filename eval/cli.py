@@ -12,6 +12,7 @@ Importing this module imports typer only; the machinery is imported when a comma
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional
 
 import typer
@@ -30,6 +31,25 @@ eval_app = typer.Typer(
 def _fail(msg: str, code: int = 2) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
+
+
+# Config and protocol field names that `eval` sets from its flags: its errors name the flag.
+_FIELD_FLAGS = {
+    "env.env_id": "--task",
+    "env.max_episode_steps": "--max-steps",
+    "env.sensor_size": "--image-size",
+    "trials_per_task": "--trials-per-task",
+    "num_settle_steps": "--num-settle-steps",
+    "max_steps": "--max-steps",
+    "image_size": "--image-size",
+}
+_FIELD_RE = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, _FIELD_FLAGS)) + r")(?![\w])")
+
+
+def flag_names(msg: str) -> str:
+    """``msg`` with the config/protocol fields that ``eval`` flags set renamed to the flags
+    (``trials_per_task must be >= 1`` -> ``--trials-per-task must be >= 1``)."""
+    return _FIELD_RE.sub(lambda m: _FIELD_FLAGS[m.group(1)], msg)
 
 
 def parse_tasks(text: Optional[str]) -> Optional[List[int]]:
@@ -126,9 +146,9 @@ def eval_command(
         )
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:
-        _fail(str(e))
+        _fail(flag_names(str(e)))
     except EnvError as e:  # e.g. an env pool worker could not build its envs
-        _fail(e.summary)
+        _fail(flag_names(e.summary))
     except KeyboardInterrupt:
         typer.echo(f"interrupted; finished episodes are in {output}; run the same command to "
                    "resume.", err=True)

@@ -93,12 +93,13 @@ def config_show(
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
 ) -> None:
     """Print the resolved configuration (YAML) after overrides and the validation `train` runs."""
-    from rlinf_embodied.config import ConfigError, JobConfig, to_yaml
+    from rlinf_embodied.config import ConfigError, JobConfig, check_repeated_overrides, to_yaml
     from rlinf_embodied.reasoning.config import load_job_config
 
     from rlinf_embodied.runners.setup import validate_job
 
     try:
+        check_repeated_overrides(overrides or [])
         if _is_sft_pipeline(config):  # `sft-rl` / `demos` / `sft` YAMLs (configs/sft/)
             from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
 
@@ -292,12 +293,17 @@ def train(
     a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
     The last lines always say which checkpoint holds the run.
     """
-    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.config import ConfigError, check_repeated_overrides, load_config
     from rlinf_embodied.reasoning.config import is_reasoning_job
     from rlinf_embodied.runners.signals import StopSignals
 
     signals = StopSignals().install()  # before anything else: a Ctrl-C in startup is reported
     overrides = list(overrides or [])
+    try:
+        check_repeated_overrides(overrides)
+    except ConfigError as e:
+        signals.restore()
+        _fail(str(e))
     if config and not resume and is_reasoning_job(config):
         from rlinf_embodied.reasoning.cli import train_reasoning
 
@@ -385,10 +391,12 @@ def plan(
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Choose placement (temporal / spatial / hybrid) and granularity from profiles."""
-    from rlinf_embodied.config import ConfigError
     from rlinf_embodied.scheduler.cli_plan import plan_command
 
+    from rlinf_embodied.config import ConfigError, check_repeated_overrides
+
     try:
+        check_repeated_overrides(overrides or [])
         typer.echo(plan_command(config, devices, json_output, overrides or []))
     except (ConfigError, ValueError) as e:
         _fail(str(e))

@@ -162,6 +162,13 @@ class EnvConfig:
     evaluation scores with ``success_at_end``) while most episodes still end at success; with
     ``algorithm.bootstrap_terminations`` both kinds estimate the same values. Measured on
     PushCube in README, "Training"."""
+    success_hold_steps: int = 1
+    """A termination that comes with ``success`` ends the episode only once ``success`` has
+    held for this many consecutive steps (1: at the first success, the env's own rule). More
+    than 1 trains on what follows a success (the policy must keep the object at the goal),
+    which the fixed-length evaluation scores with ``success_at_end``; terminations without
+    success still end the episode at once. Training only: evaluation runs fixed-length.
+    Measured on PushCube in README, "Training"."""
     seed: Optional[int] = None
     """Base seed of env resets; None derives it from ``run.seed``."""
     num_processes: int = 1
@@ -208,6 +215,11 @@ class EnvConfig:
             raise ConfigError(
                 f"env.ignore_terminations_fraction must be in [0, 1] "
                 f"(got {self.ignore_terminations_fraction})."
+            )
+        if self.success_hold_steps < 1:
+            raise ConfigError(
+                f"env.success_hold_steps must be >= 1 (got {self.success_hold_steps}); 1 ends an "
+                f"episode at its first success."
             )
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
@@ -641,6 +653,26 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
             f"configs/maniskill_pushcube_ppo_mlp.yaml) and change what you need."
         )
     return cfg
+
+
+def check_repeated_overrides(overrides: List[str]) -> None:
+    """Refuse a command line that sets one key twice (``trainer.lr=1e-3 ... trainer.lr=3e-4``),
+    where the last value would silently win. The CLI checks what the user typed; code that
+    composes overrides (``sft-rl``'s RL stage) layers them on purpose and is not checked.
+
+    Raises:
+        ConfigError: naming the key and both values.
+    """
+    seen: Dict[str, str] = {}
+    for o in overrides:
+        if "=" not in o:
+            continue
+        key, value = o.split("=", 1)
+        key = key.strip().lstrip("+")
+        if key in seen:
+            raise ConfigError(f"Override key {key} is given twice ({key}={seen[key]} and "
+                              f"{key}={value}); keep one.")
+        seen[key] = value
 
 
 def _parse_overrides(overrides: List[str]) -> DictConfig:

@@ -66,6 +66,10 @@ def test_config_show_rejects_what_train_would_reject_later():
          "set trainer.critic_lr=null or policy.critic=true"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.ignore_terminations=true",
           "env.ignore_terminations_fraction=0.5"], "drop env.ignore_terminations_fraction"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer.lr=1e-3", "env.num_envs=8",
+          "trainer.lr=3e-4"], "trainer.lr is given twice (trainer.lr=1e-3 and trainer.lr=3e-4)"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=0"],
+         "env.success_hold_steps must be >= 1"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
          "Config file not found: nope_config"),
@@ -77,6 +81,13 @@ def test_config_show_rejects_what_train_would_reject_later():
     ok = runner.invoke(app, ["config", "show", "configs/gym_pointreach_ppo_mlp.yaml",
                              "env.env_id=examples.my_gym_env:GoalSeekEnv"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_train_and_plan_refuse_a_key_given_twice():
+    for cmd in (["train"], ["plan"]):
+        r = runner.invoke(app, [*cmd, "configs/maniskill_pushcube_ppo_mlp.yaml", "run.seed=1",
+                                "run.seed=2"])
+        assert r.exit_code == 2 and "run.seed is given twice" in r.output, (cmd, r.output)
 
 
 def test_resume_of_a_reasoning_run_says_it_cannot(tmp_path):

@@ -94,6 +94,35 @@ def test_ignore_terminations_fraction_fixes_the_first_envs_only():
         countdown(ignore_terminations_fraction=1.5)
 
 
+def test_success_hold_steps_ends_a_successful_episode_after_the_hold():
+    # success and termination from t = 2 on (length 2); a hold of 3 ends the episode at t = 4
+    env = countdown(num_envs=2, kwargs={"length": 2}, success_hold_steps=3, max_episode_steps=10)
+    env.reset(seed=0)
+    dones = []
+    for t in range(1, 6):
+        obs, r, te, tr, info = env.step(np.zeros((2, 1)))
+        dones.append(te.tolist())
+        if t <= 4:
+            assert t_of(obs) == [t, t] and info["success"].tolist() == [t >= 2] * 2
+    assert dones[:4] == [[False, False]] * 3 + [[True, True]] and not tr.any()
+    assert info["autoreset"].all()  # t = 5 is the autoreset step
+    env.close()
+    # a termination without success ends the episode at once whatever the hold
+    env = countdown(num_envs=1, kwargs={"length": 2, "success_at": 9}, success_hold_steps=3)
+    env.reset(seed=0)
+    assert [bool(env.step(np.zeros((1, 1)))[2][0]) for _ in range(2)] == [False, True]
+    env.close()
+    # a broken run of successes restarts the count; chunk steps count substeps
+    env = countdown(num_envs=1, kwargs={"length": 2}, success_hold_steps=2)
+    env.reset(seed=0)
+    _, rew, te, tr, info = env.chunk_step(np.zeros((1, 5, 1)))
+    assert te[0].tolist() == [False, False, True, False, False]
+    assert info["num_substeps"].tolist() == [3]
+    env.close()
+    with pytest.raises(Exception, match="success_hold_steps must be >= 1"):
+        countdown(success_hold_steps=0)
+
+
 def test_chunk_step_stops_each_env_at_its_first_done():
     env = countdown(kwargs={"length": 10})
     env.reset(seed=0, options={"length": [2, 4, 10]})

@@ -86,6 +86,14 @@ def test_cli_runs_gym_eval(tmp_path):
      "no such file or directory"),
     (["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "eval_helpers:nope"],
      "has no callable 'nope'"),
+    # errors of the config / protocol fields a flag sets name the flag
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--trials-per-task", "0"],
+     "--trials-per-task must be >= 1 (got 0)"),
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--max-steps", "0"],
+     "--max-steps must be >= 1"),
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--num-settle-steps", "-1"],
+     "--num-settle-steps must be >= 0 (got -1)"),
+    (["--env", "gym", "--task", "toy/PointRaech-v0"], "or set --task to 'package.module:ClassName'"),
 ])
 def test_cli_bad_input(tmp_path, args, message):
     if "--policy" not in args:
