@@ -35,6 +35,7 @@ import atexit
 import contextlib
 import functools
 import io
+import logging
 import os
 import shutil
 import subprocess
@@ -78,16 +79,37 @@ def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return np.asarray(quat[:3], float) * (2.0 * np.arccos(w) / den)
 
 
+class _DropMacroFileAdvice(logging.Filter):
+    """Drops robosuite's three-line "No private macro file found!" advice, which its
+    ``__init__`` logs on every import (robosuite 1.4.0); its macros' defaults are what LIBERO
+    runs with, so the advice is noise. Every other robosuite message passes."""
+
+    _WORDS = ("private macro file", "setup_macros.py")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(w in msg for w in self._WORDS)
+
+
+def _quiet_robosuite_import() -> None:
+    """Install :class:`_DropMacroFileAdvice` on robosuite's logger (once per process)."""
+    logger = logging.getLogger("robosuite_logs")
+    if not any(isinstance(f, _DropMacroFileAdvice) for f in logger.filters):
+        logger.addFilter(_DropMacroFileAdvice())
+
+
 def _use_libero_root(libero_root: Optional[str]) -> None:
     """Point the ``libero`` package at a user's data tree (before any path lookup).
 
     Sets ``LIBERO_CONFIG_PATH`` of this process to a private directory holding the path
-    configuration (one per root, removed at exit).
+    configuration (one per root, removed at exit). Every path into ``libero`` calls it before
+    importing it, so it also quiets robosuite's import-time macro-file advice.
 
     Raises:
         FileNotFoundError: the tree has no ``bddl_files`` directory (the message says where it
             looked).
     """
+    _quiet_robosuite_import()
     if not libero_root:
         return
     root = Path(libero_root).expanduser().resolve()

@@ -31,6 +31,20 @@ def test_quat_to_axis_angle():
     assert np.allclose(quat_to_axis_angle(np.array([0, 0, 0, 1.0])), 0)
 
 
+def test_robosuite_macro_file_advice_is_dropped_and_other_warnings_pass():
+    import subprocess
+    import sys
+
+    code = ("import logging\n"
+            "from rlinf_embodied.envs.libero import libero_tasks\n"
+            "libero_tasks('libero_spatial')\n"
+            "logging.getLogger('robosuite_logs').warning('controller config not found')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "macro file" not in p.stderr and "setup_macros" not in p.stderr
+    assert "controller config not found" in p.stderr
+
+
 def test_tasks_follow_the_suite_order():
     from rlinf_embodied.envs.libero import libero_tasks
 
