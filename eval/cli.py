@@ -122,9 +122,11 @@ def eval_command(
     if ctx.invoked_subcommand is not None:
         return
     if env is None or policy is None:
-        typer.echo(ctx.get_help())
-        _fail("--env and --policy are required (e.g. --env libero --suite libero_spatial "
-              "--policy random).")
+        if env is None and policy is None:
+            typer.echo(ctx.get_help())  # a bare `eval`: show what it takes
+        missing = " and ".join(f for f, v in (("--env", env), ("--policy", policy)) if v is None)
+        _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. --env libero "
+              f"--suite libero_spatial --policy random).")
     from rlinf_embodied.eval.protocols import ProtocolError
     from rlinf_embodied.eval.results import ResultsError
     from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate

@@ -167,8 +167,10 @@ class EnvConfig:
     held for this many consecutive steps (1: at the first success, the env's own rule). More
     than 1 trains on what follows a success (the policy must keep the object at the goal),
     which the fixed-length evaluation scores with ``success_at_end``; terminations without
-    success still end the episode at once. Training only: evaluation runs fixed-length.
-    Measured on PushCube in README, "Training"."""
+    success still end the episode at once. Any env that reports ``success`` (ManiSkill,
+    LIBERO, gymnasium). Training only: evaluation runs fixed-length; refused with
+    ``ignore_terminations=true``, where it does nothing. Measured on PushCube in README,
+    "Training"."""
     seed: Optional[int] = None
     """Base seed of env resets; None derives it from ``run.seed``."""
     num_processes: int = 1
@@ -542,7 +544,8 @@ class JobConfig:
                 f"or use algorithm.advantage=gae.", ConfigWarning, stacklevel=2)
 
     def check_fixed_length_envs(self, env_ranks: Optional[int] = None) -> None:
-        """``env.ignore_terminations_fraction`` checks, here rather than in :class:`EnvConfig`:
+        """``env.ignore_terminations_fraction`` and ``env.success_hold_steps`` checks, here
+        rather than in :class:`EnvConfig`:
         the workers copy the env section with another ``num_envs`` (one env worker's share) or
         ``ignore_terminations=true`` (in-training evaluation), which must stay valid.
 
@@ -557,10 +560,16 @@ class JobConfig:
             env_ranks: ranks of the env worker group, or None when unknown.
 
         Raises:
-            ConfigError: both ``ignore_terminations`` and a fraction are set, or the fraction
-                makes no env fixed-length.
+            ConfigError: both ``ignore_terminations`` and a fraction (or a
+                ``success_hold_steps`` above 1) are set, or the fraction makes no env
+                fixed-length.
         """
         e = self.env
+        if e.success_hold_steps > 1 and e.ignore_terminations:
+            raise ConfigError(
+                f"env.success_hold_steps={e.success_hold_steps} does nothing with "
+                f"env.ignore_terminations=true (episodes never end at success); drop one."
+            )
         f = e.ignore_terminations_fraction
         if f <= 0:
             return
@@ -663,16 +672,32 @@ def check_repeated_overrides(overrides: List[str]) -> None:
     Raises:
         ConfigError: naming the key and both values.
     """
+    import yaml
+
+    def leaves(key: str, value: Any, text: str):
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                yield from leaves(f"{key}.{k}", v, text)
+        else:
+            yield key, text
+
     seen: Dict[str, str] = {}
     for o in overrides:
         if "=" not in o:
             continue
         key, value = o.split("=", 1)
         key = key.strip().lstrip("+")
-        if key in seen:
-            raise ConfigError(f"Override key {key} is given twice ({key}={seen[key]} and "
-                              f"{key}={value}); keep one.")
-        seen[key] = value
+        parsed: Any = None
+        if value.lstrip().startswith("{"):  # `trainer={lr: 1e-3}` sets trainer.lr
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                parsed = None  # _parse_overrides reports it
+        for leaf, text in leaves(key, parsed, o):
+            if leaf in seen:
+                raise ConfigError(f"Override key {leaf} is given twice ({seen[leaf]} and "
+                                  f"{text}); keep one.")
+            seen[leaf] = text
 
 
 def _parse_overrides(overrides: List[str]) -> DictConfig:
