@@ -113,7 +113,7 @@ class VectorBatchedEnv(BatchedEnv):
         self._success_once = np.zeros(n, bool)
         # consecutive steps with success (env.success_hold_steps)
         self._success_run = np.zeros(n, np.int64)
-        self._hold_steps = int(getattr(cfg, "success_hold_steps", 1))
+        self._hold_steps = int(cfg.success_hold_steps)
         self._obs: Dict[str, torch.Tensor] = {}
         self._tasks: List[str] = [""] * n
         # envs whose terminations do not end their episodes (all of them, or the first

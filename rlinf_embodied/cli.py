@@ -150,16 +150,6 @@ _RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every"
                 "run.output_dir")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _self_command() -> str:
     """How to invoke this CLI again, as the user did: ``.venv/bin/rlinf-embodied`` (or
     ``rlinf-embodied`` when found on PATH), else ``python -m rlinf_embodied.cli``."""
@@ -171,9 +161,9 @@ def _self_command() -> str:
 
 def _config_diff(a, b, skip=("run.",)) -> List[str]:
     """``key: a -> b`` for every flattened key where config dataclasses ``a`` and ``b`` differ."""
-    from rlinf_embodied.config import as_dict
+    from rlinf_embodied.config import as_dict, flatten_dotted
 
-    fa, fb = _flat(as_dict(a)), _flat(as_dict(b))
+    fa, fb = flatten_dotted(as_dict(a)), flatten_dotted(as_dict(b))
     keys = [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and not k.startswith(skip)]
     return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in keys]
 
@@ -391,9 +381,8 @@ def plan(
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Choose placement (temporal / spatial / hybrid) and granularity from profiles."""
-    from rlinf_embodied.scheduler.cli_plan import plan_command
-
     from rlinf_embodied.config import ConfigError, check_repeated_overrides
+    from rlinf_embodied.scheduler.cli_plan import plan_command
 
     try:
         check_repeated_overrides(overrides or [])

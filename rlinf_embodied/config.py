@@ -672,32 +672,28 @@ def check_repeated_overrides(overrides: List[str]) -> None:
     Raises:
         ConfigError: naming the key and both values.
     """
-    import yaml
-
-    def leaves(key: str, value: Any, text: str):
-        if isinstance(value, dict) and value:
-            for k, v in value.items():
-                yield from leaves(f"{key}.{k}", v, text)
-        else:
-            yield key, text
-
     seen: Dict[str, str] = {}
     for o in overrides:
-        if "=" not in o:
-            continue
-        key, value = o.split("=", 1)
-        key = key.strip().lstrip("+")
-        parsed: Any = None
-        if value.lstrip().startswith("{"):  # `trainer={lr: 1e-3}` sets trainer.lr
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError:
-                parsed = None  # _parse_overrides reports it
-        for leaf, text in leaves(key, parsed, o):
+        try:  # the parser load_config uses: `trainer={lr: 1e-3}` sets trainer.lr
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+")]))
+        except Exception:
+            continue  # not key=value, or unparsable: _parse_overrides reports it
+        for leaf in flatten_dotted(parsed) or [o.split("=", 1)[0].strip().lstrip("+")]:
             if leaf in seen:
-                raise ConfigError(f"Override key {leaf} is given twice ({seen[leaf]} and "
-                                  f"{text}); keep one.")
-            seen[leaf] = text
+                raise ConfigError(f"Override key {leaf} is given twice ({seen[leaf]} and {o}); "
+                                  f"keep one.")
+            seen[leaf] = o
+
+
+def flatten_dotted(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested dicts -> ``{"a.b.c": leaf}`` (an empty dict has no leaves)."""
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _parse_overrides(overrides: List[str]) -> DictConfig:
