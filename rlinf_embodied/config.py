@@ -679,8 +679,11 @@ def check_repeated_overrides(overrides: List[str]) -> None:
         except Exception:
             continue  # not key=value, or unparsable: _parse_overrides reports it
         for leaf in flatten_dotted(parsed) or [o.split("=", 1)[0].strip().lstrip("+")]:
-            if leaf in seen:
-                raise ConfigError(f"Override key {leaf} is given twice ({seen[leaf]} and {o}); "
+            # the same key, or a section and a key inside it (`trainer=5 trainer.lr=1e-3`)
+            clash = next((k for k in seen if k == leaf or k.startswith(leaf + ".")
+                          or leaf.startswith(k + ".")), None)
+            if clash is not None:
+                raise ConfigError(f"Override key {leaf} is given twice ({seen[clash]} and {o}); "
                                   f"keep one.")
             seen[leaf] = o
 
@@ -710,7 +713,7 @@ def _parse_overrides(overrides: List[str]) -> DictConfig:
             ) from None
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:  # e.g. `a=1 a.b=2`: a scalar and a section
+    except (OmegaConfBaseException, ValueError) as e:  # `a=1 a.b=2`, `a=[1] a.b=2`
         raise ConfigError(f"Cannot apply overrides {overrides}: {_one_line(e)}") from None
 
 

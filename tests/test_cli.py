@@ -72,6 +72,8 @@ def test_config_show_rejects_what_train_would_reject_later():
          "env.success_hold_steps must be >= 1"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer={lr: 1e-3, update_epochs: 2}",
           "trainer.lr=3e-4"], "trainer.lr is given twice (trainer={lr: 1e-3, update_epochs: 2} and"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer=5", "trainer.lr=7e-4"],
+         "trainer.lr is given twice (trainer=5 and trainer.lr=7e-4)"),
         (["configs/maniskill_pickcube_ppo_mlp.yaml", "env.success_hold_steps=10"],
          "does nothing with env.ignore_terminations=true"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
