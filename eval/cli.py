@@ -125,8 +125,12 @@ def eval_command(
         if env is None and policy is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes
         missing = " and ".join(f for f, v in (("--env", env), ("--policy", policy)) if v is None)
-        _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. --env libero "
-              f"--suite libero_spatial --policy random).")
+        example = ("--env maniskill --task PushCube-v1" if env == "maniskill"
+                   else "--env libero --suite libero_spatial")
+        _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. {example} "
+              f"--policy random).")
+    if max_steps is not None and max_steps < 1:  # before the protocol's "or null" wording
+        _fail(f"--max-steps must be >= 1 (got {max_steps}); leave it out for the protocol's own.")
     from rlinf_embodied.eval.protocols import ProtocolError
     from rlinf_embodied.eval.results import ResultsError
     from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate

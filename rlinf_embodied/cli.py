@@ -45,8 +45,12 @@ def _add_sft_commands() -> None:
 _add_sft_commands()
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _print_error(msg: str) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    _print_error(msg)
     raise typer.Exit(code)
 
 
@@ -402,5 +406,33 @@ def envs_list() -> None:
         typer.echo(f"{env_id:<{width}}  {desc}")
 
 
+def run(argv: Optional[List[str]] = None) -> None:
+    """The console entry point (``rlinf-embodied``, ``python -m rlinf_embodied.cli``): ``app``,
+    with click's command-line errors (an unknown option, a value that does not parse, a missing
+    argument) as one ``error:`` line naming the command's ``--help`` (exit 2), like every other
+    bad input, instead of typer's boxed panel. A command group called bare still prints its
+    help."""
+    # click's exception classes, from typer's own copy of click (typer >= 0.2x vendors it)
+    usage_error = typer.BadParameter.__mro__[1]
+    module = sys.modules[usage_error.__module__]
+    no_args = getattr(module, "NoArgsIsHelpError", ())
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except no_args as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except usage_error as e:
+        path = e.ctx.command_path if e.ctx is not None else "rlinf-embodied"
+        _print_error(f"{e.format_message()} (see '{path} --help')")
+        sys.exit(e.exit_code)
+    except module.ClickException as e:
+        _print_error(e.format_message())
+        sys.exit(e.exit_code)
+    except module.Abort:
+        typer.echo("Aborted.", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -561,7 +561,8 @@ class JobConfig:
 
         Raises:
             ConfigError: both ``ignore_terminations`` and a fraction (or a
-                ``success_hold_steps`` above 1) are set, or the fraction makes no env
+                ``success_hold_steps`` above 1) are set, a hold above 1 with a fraction of 1
+                or longer than ``max_episode_steps``, or the fraction makes no env
                 fixed-length.
         """
         e = self.env
@@ -569,6 +570,17 @@ class JobConfig:
             raise ConfigError(
                 f"env.success_hold_steps={e.success_hold_steps} does nothing with "
                 f"env.ignore_terminations=true (episodes never end at success); drop one."
+            )
+        if e.success_hold_steps > 1 and e.ignore_terminations_fraction >= 1.0:
+            raise ConfigError(
+                f"env.success_hold_steps={e.success_hold_steps} does nothing with "
+                f"env.ignore_terminations_fraction=1.0 (every env is fixed-length); drop one."
+            )
+        if e.max_episode_steps is not None and e.success_hold_steps > e.max_episode_steps:
+            raise ConfigError(
+                f"env.success_hold_steps={e.success_hold_steps} is longer than an episode "
+                f"(env.max_episode_steps={e.max_episode_steps}), so no episode could end at "
+                f"success; use at most {e.max_episode_steps} or env.ignore_terminations=true."
             )
         f = e.ignore_terminations_fraction
         if f <= 0:

@@ -76,6 +76,10 @@ def test_config_show_rejects_what_train_would_reject_later():
          "trainer.lr is given twice (trainer=5 and trainer.lr=7e-4)"),
         (["configs/maniskill_pickcube_ppo_mlp.yaml", "env.success_hold_steps=10"],
          "does nothing with env.ignore_terminations=true"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=10",
+          "env.ignore_terminations_fraction=1.0"], "does nothing with env.ignore_terminations_fraction=1.0"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
+         "is longer than an episode (env.max_episode_steps=50)"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
          "Config file not found: nope_config"),
@@ -285,3 +289,31 @@ def test_finetune_and_sft_rl_check_the_rl_stage_before_running_anything(tmp_path
                                 f"run.dir={tmp_path / cmd}", "rl.config=nope_config"])
         assert r.exit_code == 2 and "Config file not found: nope_config" in r.output, (cmd, r.output)
         assert not (tmp_path / cmd).exists()  # no stage started
+
+
+def test_command_line_errors_are_one_error_line(capsys):
+    """The console entry point turns click's parser errors into one ``error:`` line, exit 2."""
+    import pytest
+
+    from rlinf_embodied.cli import run
+
+    cases = [
+        (["train", "--bogus"], "error: No such option: --bogus (see '"),
+        (["eval", "--env", "gym", "--trials-per-task", "abc"], "error: Invalid value for '--trials-per-task'"),
+        (["plan"], "error: Missing argument 'config'."),
+        (["config", "show"], "config show --help')"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            run(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2, (argv, err)
+        assert err.count("\n") == 1 and err.startswith("error: ") and message in err, (argv, err)
+        assert "╭" not in err
+    with pytest.raises(SystemExit) as exit_:  # a bare group still shows its help
+        run(["config"])
+    shown = capsys.readouterr()
+    assert exit_.value.code == 2 and "show" in shown.out + shown.err
+    with pytest.raises(SystemExit) as exit_:
+        run(["--version"])
+    assert exit_.value.code == 0 and rlinf_embodied.__version__ in capsys.readouterr().out
