@@ -782,6 +782,9 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         section = key.rsplit(".", 1)[0] if "." in key else "top level"
         prefix = f"{section}." if "." in key else ""
         hint = suggest(leaf, valid).replace("'", f"'{prefix}", 1) if suggest(leaf, valid) else ""
+        name, colon, _ = leaf.partition(":")
+        if colon and name in valid:  # {lr:1e-3}: YAML reads one key "lr:1e-3" without the space
+            hint = f" (YAML needs a space after the colon: {{{name}: ...}})."
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."

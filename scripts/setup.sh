@@ -95,7 +95,7 @@ fi
 have=$(cat .venv/.rlinf-lock 2>/dev/null || true)
 if [ "$have" != "$want" ] || [ ! -x .venv/bin/python ]; then
   t0=$(date +%s)
-  [ -x .venv/bin/python ] || { say "creating .venv (the first time on a machine downloads ~9 GB)"; \
+  [ -x .venv/bin/python ] || { say "creating .venv (up to ~9 GB to download if uv's package cache is empty)"; \
     "$UV" venv -q --seed --python "$PYTHON" .venv; }
   "$UV" pip sync -q --python .venv/bin/python "$LOCK"
   "$UV" pip install -q --python .venv/bin/python --no-deps -e .

@@ -78,6 +78,8 @@ def test_config_show_rejects_what_train_would_reject_later():
          "does nothing with env.ignore_terminations=true"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=10",
           "env.ignore_terminations_fraction=1.0"], "does nothing with env.ignore_terminations_fraction=1.0"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer={lr:1e-3}"],
+         "(YAML needs a space after the colon: {lr: ...})"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
          "is longer than an episode (env.max_episode_steps=50)"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
