@@ -6,8 +6,9 @@ the run shows whether the policy stays solved) and reads its ``metrics.jsonl`` a
 ``eval/*.json``. Per seed: env steps and wall time to the first evaluation with
 ``success_once >= 0.95`` (the shipped job stops there), the final ``success_once`` /
 ``success_at_end``, and the lowest ``success_once`` of any evaluation after the first solve.
-Wall times depend on the machine's load (recorded: mean 1-minute load average during each
-run, sampled every 5 s); env steps do not.
+Wall times depend on the machine's speed (recorded: ``machine_env_step_ms``, one step of the
+job's 16 envs in one process before training) and load (the mean 1-minute load average during
+each run, sampled every 5 s); env steps do not.
 
 Optional sections: ``--pickcube`` also runs ``configs/maniskill_pickcube_ppo_mlp.yaml``
 (first eval success_once >= 0.8, 20-minute cap); ``--sft-rl DIR`` adds the ``summary.json`` of
@@ -159,6 +160,32 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     return {"process_wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def machine_env_step_ms(config: str, steps: int = 30) -> float:
+    """Median ms of one step of the job's env batch (its ``env.num_envs``, stepped in this
+    process with zero actions, one torch thread), timed before training: how fast this
+    machine is, so that wall times of runs on different machines can be compared (env
+    steps can be compared as they are)."""
+    import dataclasses
+
+    import torch
+
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.envs import make_env
+
+    cfg = load_config(config, [])
+    torch.set_num_threads(1)
+    env = make_env(dataclasses.replace(cfg.env, num_processes=0))
+    env.reset(seed=0)
+    zeros = torch.zeros(env.num_envs, 1, env.action_dim)
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        env.chunk_step(zeros)
+        times.append(time.perf_counter() - t0)
+    env.close()
+    return round(1000 * statistics.median(times[1:]), 2)
+
+
 def layered(base: list[str], overrides: list[str]) -> list[str]:
     """``base`` overrides without the keys ``overrides`` set, then ``overrides`` (the CLI
     refuses a key given twice)."""
@@ -200,6 +227,7 @@ def main(argv=None) -> dict:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_learning_"))
     load_start = os.getloadavg()[0]
     runs = []
+    step_ms = None if args.summarize else machine_env_step_ms(MAIN)
     if args.summarize:
         runs = [summarize_run(d, args.target) for d in args.summarize]
     else:
@@ -234,6 +262,7 @@ def main(argv=None) -> dict:
         "mean_load": [r.get("mean_load") for r in runs],
         "process_wall_s": [r.get("process_wall_s") for r in runs],
         "load_at_start": round(load_start, 2),
+        "machine_env_step_ms": step_ms,
         "runs": runs,
     }
     if args.pickcube or args.pickcube_run:
