@@ -65,6 +65,12 @@ class ActorCriticPolicy(Policy):
         return [p for m in (self.critic_trunk, self.value_head) if m is not None
                 for p in m.parameters()]
 
+    def log_std_parameters(self) -> list[nn.Parameter]:
+        """See :meth:`Policy.log_std_parameters`: the Gaussian head's (K * A,) log-std; []
+        with a categorical head."""
+        log_std = getattr(self.action_head, "log_std", None)
+        return [log_std] if isinstance(log_std, nn.Parameter) else []
+
     @abc.abstractmethod
     def inputs_from_obs(self, obs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The observation tensors the encoder reads, on the policy's device.

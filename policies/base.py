@@ -356,6 +356,13 @@ class Policy(nn.Module, abc.ABC):
             valid: (B,) bool, the rows to use; None = all.
         """
 
+    def log_std_parameters(self) -> list[nn.Parameter]:
+        """The state-independent log-std parameters of a Gaussian action head, each (A,) or
+        (K * A,), as registered on the modules (sharded under FSDP2); what
+        ``algorithm.log_std_anneal_to`` caps. The base class has none ([]): a policy with
+        discrete actions, or one that does not expose them."""
+        return []
+
     def critic_parameters(self) -> list[nn.Parameter]:
         """The parameters that only the critic uses (value head, a critic trunk of its own).
 

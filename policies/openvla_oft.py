@@ -228,6 +228,11 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         hidden, _ = self.vlm.decode(embeds, mask, self.positions(valid))
         return hidden[:, l0 - 1 : l0 - 1 + self.num_action_tokens]
 
+    def log_std_parameters(self) -> list[nn.Parameter]:
+        """See :meth:`Policy.log_std_parameters`: the continuous head's (A,) log-std; [] with
+        parallel action tokens."""
+        return [] if self.action_log_std is None else [self.action_log_std]
+
     def _gaussian(self, readout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean = self.action_head(readout, self.action_chunk)  # (N, K, A)
         return mean, self.action_log_std.float().expand_as(mean)

@@ -320,6 +320,13 @@ class AlgorithmConfig:
     truncations). ManiSkill's PPO baselines do this: their tasks terminate on success, and with
     a short horizon (gamma 0.8) a terminal success is otherwise worth less than hovering next
     to the goal, so the policy learns to avoid succeeding."""
+    log_std_anneal_to: Optional[float] = None
+    """Cap the Gaussian policy's log-std (each action dim) by a ceiling lowered linearly from
+    ``policy.init_log_std`` to this value over ``trainer.iterations``: after the update of
+    iteration i (0-based) every log-std above ``init + (to - init) * (i + 1) / iterations`` is
+    set to it (a projection; below the ceiling the log-std is learned as before). Exploration
+    then shrinks on a schedule instead of by the policy gradient alone, which on PushCube
+    barely moves it (README, "Training"). None: no cap."""
     group_size: int = 1
     """G, rollouts per initial state (GRPO)."""
     grpo_std_normalize: bool = True
@@ -514,6 +521,19 @@ class JobConfig:
                 "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "
                 "policy.critic=true or trainer.critic_warmup_iterations=0."
             )
+        to = self.algorithm.log_std_anneal_to
+        if to is not None:
+            init = getattr(self.policy, "init_log_std", None)
+            if init is None:
+                raise ConfigError(
+                    f"algorithm.log_std_anneal_to needs a Gaussian policy with policy.init_log_std "
+                    f"({type(self.policy).__name__} has none); set it to null."
+                )
+            if not to <= init:
+                raise ConfigError(
+                    f"algorithm.log_std_anneal_to={to} must be <= policy.init_log_std={init} "
+                    f"(the ceiling starts there and only goes down)."
+                )
         if self.trainer.critic_lr is not None and getattr(self.policy, "critic", None) is False:
             raise ConfigError(
                 f"trainer.critic_lr={self.trainer.critic_lr} sets the learning rate of a critic "

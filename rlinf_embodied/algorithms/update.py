@@ -17,8 +17,8 @@ import torch
 from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
-__all__ = ["actor_critic_parameters", "compute_advantages", "lr_lambda", "make_optimizer",
-           "param_groups", "update_policy"]
+__all__ = ["actor_critic_parameters", "cap_log_std", "compute_advantages", "log_std_ceiling",
+           "lr_lambda", "make_optimizer", "param_groups", "update_policy"]
 
 
 def actor_critic_parameters(policy) -> tuple[list, list]:
@@ -110,7 +110,8 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     (:meth:`~rlinf_embodied.policies.base.Policy.critic_parameters`) require gradients (the
     others are set ``requires_grad=False`` for the update and restored after it) and get
     optimizer steps, and the observation statistics stay as they are: the policy acts
-    bit-identically while the value head fits the RL returns.
+    bit-identically while the value head fits the RL returns. After any other update, with
+    ``algorithm.log_std_anneal_to`` set, the log-std is capped by :func:`log_std_ceiling`.
 
     Args:
         policy: a :class:`~rlinf_embodied.policies.Policy` (sharded or not).
@@ -125,10 +126,11 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
 
     Returns:
         Metrics averaged over the minibatches (``train/...``; ``train/critic_warmup`` is 1.0
-        during the critic warm-up, else 0.0).
+        during the critic warm-up, else 0.0; ``train/log_std_ceiling`` when capped).
 
     Raises:
-        ValueError: a critic warm-up iteration for a policy without critic parameters.
+        ValueError: a critic warm-up iteration for a policy without critic parameters, or
+            ``algorithm.log_std_anneal_to`` for a policy without a log-std.
     """
     import rlinf_embodied.algorithms  # noqa: F401  (registers the built-ins)
 
@@ -148,11 +150,51 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
     for p in frozen:
         p.requires_grad_(False)
     try:
-        return _update(policy, optimizer, batch, cfg, iteration, rank, device,
-                       mean_across_ranks, warmup)
+        metrics = _update(policy, optimizer, batch, cfg, iteration, rank, device,
+                          mean_across_ranks, warmup)
     finally:
         for p in frozen:
             p.requires_grad_(True)
+    ceiling = log_std_ceiling(cfg, iteration)
+    if ceiling is not None and not warmup:
+        cap_log_std(policy, ceiling)
+        metrics["train/log_std_ceiling"] = ceiling
+    return metrics
+
+
+def log_std_ceiling(cfg, iteration: int) -> float | None:
+    """The log-std ceiling after the update of ``iteration`` (0-based) under
+    ``algorithm.log_std_anneal_to``: linear from ``policy.init_log_std`` to it over
+    ``trainer.iterations``, then constant; None when the option is off."""
+    to = cfg.algorithm.log_std_anneal_to
+    if to is None:
+        return None
+    start = float(cfg.policy.init_log_std)
+    frac = min(1.0, (iteration + 1) / max(1, cfg.trainer.iterations))
+    return start + (float(to) - start) * frac
+
+
+@torch.no_grad()
+def cap_log_std(policy, ceiling: float) -> None:
+    """Set every log-std of ``policy`` (:meth:`Policy.log_std_parameters`) above ``ceiling``
+    to it, in place (on FSDP2 shards each rank caps its own shard: elementwise, so the
+    result equals capping the full tensor).
+
+    Raises:
+        ValueError: ``policy`` exposes no log-std (a categorical or token head).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(policy, FSDPModule):
+        policy.reshard()  # the registered parameters are then the sharded ones
+    params = policy.log_std_parameters()
+    if not params:
+        raise ValueError(
+            f"algorithm.log_std_anneal_to caps a Gaussian head's log-std, and "
+            f"{type(policy).__name__} has none (discrete or token actions); set it to null."
+        )
+    for p in params:
+        p.clamp_(max=ceiling)
 
 
 def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_ranks,
