@@ -685,14 +685,19 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     from rlinf_embodied.envs.registry import make_env
 
     device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if family.max_steps() is None and "max_episode_steps" not in req.env_overrides:
-        limit = run_max_episode_steps(req.policy)
-        if limit is not None:
-            # The run's own env.max_episode_steps (recorded: the protocol id gets +max_steps).
-            protocol = protocol.with_overrides(max_steps=limit)
-            family.protocol = protocol
+    limit = (run_max_episode_steps(req.policy)
+             if family.max_steps() is None and "max_episode_steps" not in req.env_overrides else None)
     env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
     env = (req.env_factory or make_env)(env_cfg)
+    if limit is not None and env.max_episode_steps != limit:
+        # The run's own env.max_episode_steps where it differs from the env's registered limit
+        # (recorded: the protocol id gets +max_steps); an equal one leaves the protocol as it
+        # is, so the results pair with those of any other policy under it (eval compare).
+        env.close()
+        protocol = protocol.with_overrides(max_steps=limit)
+        family.protocol = protocol
+        env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
+        env = (req.env_factory or make_env)(env_cfg)
     try:
         if not env.max_episode_steps:
             raise EvalError(

@@ -428,7 +428,7 @@ def run(argv: Optional[List[str]] = None) -> None:
     except module.ClickException as e:
         _print_error(e.format_message())
         sys.exit(e.exit_code)
-    except module.Abort:
+    except typer.Abort:
         typer.echo("Aborted.", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

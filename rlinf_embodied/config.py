@@ -648,6 +648,8 @@ def shipped_config(name: str | os.PathLike) -> Optional[Path]:
     p = Path(name)
     if p.parts[:1] == ("configs",):
         p = Path(*p.parts[1:])
+    if not p.name:  # "configs" itself, "", "."
+        return None
     cand = ROOT / (p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml"))
     return cand if cand.is_file() else None
 

@@ -304,6 +304,8 @@ def test_command_line_errors_are_one_error_line(capsys):
         (["eval", "--env", "gym", "--trials-per-task", "abc"], "error: Invalid value for '--trials-per-task'"),
         (["plan"], "error: Missing argument 'config'."),
         (["config", "show"], "config show --help')"),
+        (["config", "show", "configs"], "error: Config path configs is a directory; pass a YAML file."),
+        (["plan", "configs/"], "is a directory; pass a YAML file."),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:
@@ -312,6 +314,11 @@ def test_command_line_errors_are_one_error_line(capsys):
         assert exit_.value.code == 2, (argv, err)
         assert err.count("\n") == 1 and err.startswith("error: ") and message in err, (argv, err)
         assert "╭" not in err
+    # an error that is not click's propagates as itself (the except clauses must not fail)
+    with pytest.raises(KeyboardInterrupt):
+        from unittest import mock
+        with mock.patch("rlinf_embodied.cli.app", side_effect=KeyboardInterrupt):
+            run(["--version"])
     with pytest.raises(SystemExit) as exit_:  # a bare group still shows its help
         run(["config"])
     shown = capsys.readouterr()

@@ -91,3 +91,30 @@ def test_gym_entry_point_without_step_limit(tmp_path):
 def test_t_quantile_table_values(df, q):
     # Student t table, two-sided 95% (e.g. NIST/SEMATECH e-Handbook, Table 1.4.2.3).
     assert t_quantile(0.975, df) == pytest.approx(q, abs=2e-3 * q)
+
+
+def test_a_run_limit_equal_to_the_env_default_keeps_the_protocol(tmp_path):
+    """A run directory trained with the env's registered step limit is evaluated under the
+    plain protocol (its results pair with a random baseline's in eval compare); another limit
+    is an override, recorded as +max_steps."""
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    req = dict(env="gym", task="toy/PointReach-v0", trials_per_task=2, num_envs=2,
+               num_processes=0, reports=False)
+    base = evaluate(EvalRequest(policy="random", output=str(tmp_path / "r.json"), **req))
+    ids = {}
+    for limit in (50, 7):  # toy/PointReach-v0 registers 50 steps
+        run = tmp_path / f"run{limit}"
+        run.mkdir()
+        (run / "config.yaml").write_text(f"env:\n  type: gym\n  max_episode_steps: {limit}\n")
+        spec = SpaceSpec(action_low=[-1.0] * 2, action_high=[1.0] * 2, state_dim=4)
+        with checkpoint_dir(run, "iter_000001") as d:
+            save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[4]), spec), d / "policy")
+        res = evaluate(EvalRequest(policy=str(run), output=str(tmp_path / f"{limit}.json"), **req))
+        ids[limit] = res.header["protocol"]["id"]
+        assert res.header["max_steps"] == limit and max(e.steps for e in res.episodes) <= limit
+    assert ids[50] == base.header["protocol"]["id"] and "+" not in ids[50]
+    assert ids[7] == ids[50] + "+max_steps"
