@@ -1,5 +1,7 @@
 """trainer.critic_warmup_iterations: the first iterations fit only the critic."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -154,26 +156,36 @@ def test_vla_critic_parameters_are_its_value_head():
                                      policy.value_head.named_parameters()}
 
 
-def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act(tmp_path):
-    """A sharded root keeps its unsharded parameters registered after a no-grad forward; the
-    optimizer groups and the warm-up freeze must still take the sharded ones it steps."""
+@contextlib.contextmanager
+def fsdp2_root(policy, tmp_path):
+    """``policy`` as an FSDP2 root (``act`` / ``evaluate`` registered) in a one-rank gloo process
+    group, destroyed on exit; skips when this process already has a process group."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
-    from rlinf_embodied.algorithms.update import make_optimizer
-
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
-    policy, cfg, _ = _setup(normalize_obs=True)
-    cfg.trainer.critic_lr = 1e-3
-    batch = _batch(policy)
-    critic = _critic_names(policy)
     # a file store, not a fixed TCP port that another process on the machine may hold
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         fully_shard(policy)
         for name in ("act", "evaluate"):
             register_fsdp_forward_method(policy, name)
+        yield policy
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act(tmp_path):
+    """A sharded root keeps its unsharded parameters registered after a no-grad forward; the
+    optimizer groups and the warm-up freeze must still take the sharded ones it steps."""
+    from rlinf_embodied.algorithms.update import make_optimizer
+
+    policy, cfg, _ = _setup(normalize_obs=True)
+    cfg.trainer.critic_lr = 1e-3
+    batch = _batch(policy)
+    critic = _critic_names(policy)
+    with fsdp2_root(policy, tmp_path):
         with torch.no_grad():
             policy.act({"states": torch.randn(4, 3)}, mode="sample")
         opt, _ = make_optimizer(policy, cfg.trainer)
@@ -186,6 +198,3 @@ def test_fsdp2_sharded_policy_groups_and_warmup_after_an_act(tmp_path):
         update_policy(policy, opt, batch, cfg, iteration=2)  # both groups train
         moved = {n for n, v in full().items() if not torch.equal(v, after[n])}
         assert critic < moved and "actor_trunk.0.weight" in moved
-    finally:
-        dist.destroy_process_group()
-

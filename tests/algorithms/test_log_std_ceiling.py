@@ -8,7 +8,7 @@ from rlinf_embodied.config import ConfigError, load_config
 from rlinf_embodied.policies import SpaceSpec, build_policy
 from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 
-from tests.algorithms.test_critic_warmup import _batch
+from tests.algorithms.test_critic_warmup import _batch, fsdp2_root
 
 
 def _cfg(*extra):
@@ -72,19 +72,10 @@ def test_bad_settings_are_refused():
 def test_fsdp2_sharded_log_std_is_capped(tmp_path):
     """On an FSDP2 root (its unsharded parameters registered after a no-grad forward) the cap
     reaches the sharded log-std that the optimizer steps and the state dict holds."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
     cfg = _cfg()
     policy = _policy()
     batch = _batch(policy)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        fully_shard(policy)
-        for name in ("act", "evaluate"):
-            register_fsdp_forward_method(policy, name)
+    with fsdp2_root(policy, tmp_path):
         opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
         with torch.no_grad():
             policy.act({"states": torch.randn(4, 3)}, mode="sample")
@@ -92,5 +83,3 @@ def test_fsdp2_sharded_log_std_is_capped(tmp_path):
         log_std = policy.state_dict()["action_head.log_std"]
         full = log_std.full_tensor() if hasattr(log_std, "full_tensor") else log_std
         assert torch.allclose(full, torch.full_like(full, -1.0))
-    finally:
-        dist.destroy_process_group()
