@@ -224,12 +224,14 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"stopped before its first save); start it again without --resume."
         )
     done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
+    changed = [d for d in _config_diff(saved, cfg) if not d.startswith(_RESUME_SAFE)]
     if done >= cfg.trainer.iterations:
         typer.echo(f"run {run_dir} has finished: checkpoint {ckpt.name} is iteration {done} of "
                    f"trainer.iterations={cfg.trainer.iterations}; nothing to do. To train "
-                   f"further, pass trainer.iterations=N with N > {done}.")
+                   f"further, pass trainer.iterations=N with N > {done}."
+                   + (f" The other overrides ({', '.join(changed)}) were not applied; to train "
+                      f"with them from scratch, start a new run without --resume." if changed else ""))
         return cfg, run_dir, None
-    changed = [d for d in _config_diff(saved, cfg) if not d.startswith(_RESUME_SAFE)]
     if changed:
         _warn("resuming with changed settings " + ", ".join(changed)
               + "; the result will differ from an uninterrupted run.")

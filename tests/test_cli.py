@@ -204,6 +204,12 @@ def test_resume_of_finished_run_says_so(tmp_path):
     r = runner.invoke(app, ["train", "--resume", str(run)])
     assert r.exit_code == 0, r.output
     assert "has finished" in r.output and "iteration 30" in r.output and "trainer.iterations=N" in r.output
+    assert "not applied" not in r.output
+    # an override that would change the run is named as not applied, not silently dropped
+    r = runner.invoke(app, ["train", "--resume", str(run), "trainer.lr=0.002"])
+    assert r.exit_code == 0, r.output
+    assert "has finished" in r.output and "were not applied" in r.output, r.output
+    assert "trainer.lr: 0.001 -> 0.002" in " ".join(r.output.split()), r.output
 
 
 def test_resume_skips_a_truncated_checkpoint(tmp_path):

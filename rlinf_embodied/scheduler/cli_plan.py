@@ -66,6 +66,7 @@ def plan_command(
         "num_envs": cfg.env.num_envs,
         "rollout_steps": cfg.trainer.rollout_steps,
         "actor_samples": g.node("actor").items * g.node("actor").rounds,
+        "update_epochs": cfg.trainer.update_epochs,
     }
     configured = _configured(cfg, n, profile)
     if as_json:
@@ -74,7 +75,8 @@ def plan_command(
     header = [
         f"Plan for {config_path}",
         f"Workload per iteration: N={workload['num_envs']} envs x T={workload['rollout_steps']} "
-        f"steps, actor trains on {workload['actor_samples']} samples",
+        f"steps, actor trains on {workload['actor_samples'] // workload['update_epochs']} "
+        f"samples x {workload['update_epochs']} epochs",
     ]
     if configured is not None:
         header.append(

@@ -29,6 +29,8 @@ def test_plan_output_is_byte_identical_and_names_the_profile(tmp_path):
     b = plan_command(job, 8, False, [])
     assert a == b
     assert "Profile: analytic default" in a and "Chosen:" in a and "Runner-ups:" in a
+    # one iteration's samples, then the passes over them (256 envs x 50 steps, 4 epochs)
+    assert "actor trains on 12800 samples x 4 epochs" in a, a
     assert plan_command(job, 8, True, []) == plan_command(job, 8, True, [])
 
 
