@@ -75,8 +75,8 @@ def plan_command(
     header = [
         f"Plan for {config_path}",
         f"Workload per iteration: N={workload['num_envs']} envs x T={workload['rollout_steps']} "
-        f"steps, actor trains on {workload['actor_samples'] // workload['update_epochs']} "
-        f"samples x {workload['update_epochs']} epochs",
+        f"steps, actor trains on {workload['num_envs'] * workload['rollout_steps']} samples x "
+        f"{workload['update_epochs']} epochs",
     ]
     if configured is not None:
         header.append(
