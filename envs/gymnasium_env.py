@@ -12,7 +12,8 @@ in a :class:`~rlinf_embodied.envs.pool.ProcessPool` (``forkserver``/``spawn``), 
 and worker restarts. Autoreset follows gymnasium >= 1.0 semantics (``next_step`` by default, no
 ``final_info``); see :class:`~rlinf_embodied.envs.base.AutoresetMode`.
 
-Success: ``info["success"]`` of the gymnasium env when it reports one, else False.
+Success: ``info["success"]`` of the gymnasium env when it reports one, else False (with a
+warning at the first episode end that reported none).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import warnings
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -169,6 +171,7 @@ class GymSubBatch(SubBatch):
         self._spec = EnvSpec(action, self._mapper.shapes,
                              cfg.max_episode_steps or (spec.max_episode_steps if spec else None))
         self._task = cfg.task_description or cfg.env_id
+        self._env_id, self._reports_success = cfg.env_id, False
 
     @property
     def spec(self) -> EnvSpec:
@@ -184,6 +187,14 @@ class GymSubBatch(SubBatch):
         for i, a in zip(local_ids, actions):
             results.append(self._envs[i].step(int(a[0]) if self._discrete else a))
         obs, rew, term, trunc, infos = zip(*results)
+        if not self._reports_success:
+            self._reports_success = any("success" in i for i in infos)
+            if not self._reports_success and any(term + trunc):  # once, at the first episode end
+                self._reports_success = True
+                warnings.warn(
+                    f"env {self._env_id} ended an episode without info['success']: success_once "
+                    f"and success_at_end will read 0; return info['success'] (a bool) from step().",
+                    stacklevel=2)
         return Transition(
             obs=self._mapper(list(obs)),
             reward=np.asarray(rew, np.float32),

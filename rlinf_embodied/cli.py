@@ -225,6 +225,13 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
         )
     done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
     changed = [d for d in _config_diff(saved, cfg) if not d.startswith(_RESUME_SAFE)]
+    policy_changed = [d for d in changed if d.startswith("policy.")]
+    if policy_changed:  # the checkpoint's weights are of the run's policy: refuse before Ray
+        raise ConfigError(
+            f"--resume {resume}: {'; '.join(policy_changed)} (run's config -> override) cannot "
+            f"change on resume, the checkpoint holds weights of the run's policy; drop the "
+            f"policy.* override, or start a new run without --resume."
+        )
     if done >= cfg.trainer.iterations:
         typer.echo(f"run {run_dir} has finished: checkpoint {ckpt.name} is iteration {done} of "
                    f"trainer.iterations={cfg.trainer.iterations}; nothing to do. To train "
@@ -259,8 +266,11 @@ def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
     typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps; results in "
                f"{run_dir}")
     if saved is None:
-        typer.echo("no checkpoint was saved, so the run cannot be resumed (trainer.save_every "
-                   f"is {runner.cfg.trainer.save_every}; 0 saves only at the end).")
+        every = runner.cfg.trainer.save_every
+        typer.echo("no checkpoint was saved, so the run cannot be resumed ("
+                   + ("trainer.save_every=0 saves none, except on Ctrl-C; pass "
+                      "trainer.save_every=N to save every N iterations and at the end)." if not every
+                      else "it stopped before its first iteration ended)."))
         return
     it = saved.name.removeprefix("iter_").lstrip("0") or "0"
     lost = st["iteration"] - int(it)

@@ -212,6 +212,17 @@ def test_resume_of_finished_run_says_so(tmp_path):
     assert "trainer.lr: 0.001 -> 0.002" in " ".join(r.output.split()), r.output
 
 
+def test_resume_refuses_a_policy_change_and_leaves_the_run_as_it_was(tmp_path):
+    run = _fake_run(tmp_path, [1])
+    before = (run / "config.yaml").read_bytes()
+    r = runner.invoke(app, ["train", "--resume", str(run), "policy.hidden_sizes=[32,32]"])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert out.startswith("error: ") and "policy.hidden_sizes: [64, 64] -> [32, 32]" in out, out
+    assert (run / "config.yaml").read_bytes() == before
+    assert _no_ray()
+
+
 def test_resume_skips_a_truncated_checkpoint(tmp_path):
     run = _fake_run(tmp_path, [1, 2], damaged=[2])
     r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=1"])
@@ -332,3 +343,18 @@ def test_command_line_errors_are_one_error_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         run(["--version"])
     assert exit_.value.code == 0 and rlinf_embodied.__version__ in capsys.readouterr().out
+
+
+def test_report_without_checkpoint_says_why(capsys):
+    from types import SimpleNamespace
+
+    from rlinf_embodied.cli import _report_saved
+
+    def report(save_every):
+        cfg = SimpleNamespace(trainer=SimpleNamespace(save_every=save_every))
+        _report_saved(SimpleNamespace(saved=None, state={"iteration": 3, "env_steps": 300}, cfg=cfg),
+                      Path("runs/x"), "done")
+        return " ".join(capsys.readouterr().out.split())
+
+    assert "trainer.save_every=0 saves none, except on Ctrl-C" in report(0)
+    assert "stopped before its first iteration" in report(10)

@@ -47,7 +47,8 @@ class EmbodiedRunner:
         ckpt = (checkpoint or latest_loadable_checkpoint(self.run_dir)) if resume else None
         if resume and ckpt is None:
             print(f"no loadable checkpoint in {self.run_dir}: starting from iteration 0")
-        save_config(cfg, self.run_dir)
+        if not resume:  # a resumed run keeps its config.yaml until its workers have started
+            save_config(cfg, self.run_dir)
         self.state = {"iteration": 0, "env_steps": 0}
         if ckpt is not None:
             import json
@@ -62,7 +63,7 @@ class EmbodiedRunner:
             if not resume and [p.name for p in self.run_dir.iterdir()] == ["config.yaml"]:
                 shutil.rmtree(self.run_dir)  # nothing ran: leave no empty run directory behind
             raise
-        if self.g.cfg != cfg:  # placement=auto chose the granularity
+        if resume or self.g.cfg != cfg:  # placement=auto may have chosen the granularity
             self.cfg = cfg = self.g.cfg
             save_config(cfg, self.run_dir)
         self.log = MetricLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.wandb,

@@ -241,3 +241,21 @@ def test_entry_point_env_id():
     _, _, te, *_ = env.step(np.zeros((2, 1)))
     assert te.all() and env.max_episode_steps is None
     env.close()
+
+
+def test_env_without_success_info_warns_once():
+    env = make_env(GymEnvConfig(env_id="CartPole-v1", num_envs=2))
+    env.reset(seed=0)
+    with pytest.warns(UserWarning, match=r"CartPole-v1 ended an episode without info\['success'\]"):
+        for _ in range(200):  # pushing left, the pole falls within ~10 steps
+            _, _, te, tr, info = env.step(np.zeros((2, 1)))
+            if (te | tr).any():
+                break
+    assert (te | tr).any() and not info["success"].any()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: later episode ends stay quiet
+        for _ in range(30):
+            env.step(np.zeros((2, 1)))
+    env.close()
