@@ -171,7 +171,7 @@ class GymSubBatch(SubBatch):
         self._spec = EnvSpec(action, self._mapper.shapes,
                              cfg.max_episode_steps or (spec.max_episode_steps if spec else None))
         self._task = cfg.task_description or cfg.env_id
-        self._env_id, self._reports_success = cfg.env_id, False
+        self._env_id, self._check_success = cfg.env_id, True  # until success is seen or warned
 
     @property
     def spec(self) -> EnvSpec:
@@ -187,10 +187,10 @@ class GymSubBatch(SubBatch):
         for i, a in zip(local_ids, actions):
             results.append(self._envs[i].step(int(a[0]) if self._discrete else a))
         obs, rew, term, trunc, infos = zip(*results)
-        if not self._reports_success:
-            self._reports_success = any("success" in i for i in infos)
-            if not self._reports_success and any(term + trunc):  # once, at the first episode end
-                self._reports_success = True
+        reported = self._check_success and any("success" in i for i in infos)
+        if self._check_success and (reported or any(term + trunc)):
+            self._check_success = False
+            if not reported:  # an episode ended without info["success"]: say so once
                 warnings.warn(
                     f"env {self._env_id} ended an episode without info['success']: success_once "
                     f"and success_at_end will read 0; return info['success'] (a bool) from step().",

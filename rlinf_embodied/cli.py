@@ -266,11 +266,10 @@ def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
     typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps; results in "
                f"{run_dir}")
     if saved is None:
-        every = runner.cfg.trainer.save_every
-        typer.echo("no checkpoint was saved, so the run cannot be resumed ("
-                   + ("trainer.save_every=0 saves none, except on Ctrl-C; pass "
-                      "trainer.save_every=N to save every N iterations and at the end)." if not every
-                      else "it stopped before its first iteration ended)."))
+        why = ("it stopped before its first iteration ended" if runner.cfg.trainer.save_every else
+               "trainer.save_every=0 saves none, except on Ctrl-C; pass trainer.save_every=N to "
+               "save every N iterations and at the end")
+        typer.echo(f"no checkpoint was saved, so the run cannot be resumed ({why}).")
         return
     it = saved.name.removeprefix("iter_").lstrip("0") or "0"
     lost = st["iteration"] - int(it)
