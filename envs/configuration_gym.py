@@ -33,10 +33,12 @@ class GymEnvConfig(EnvConfig):
 
     def check_available(self) -> None:
         """``env_id`` is a registered gymnasium id (the toy envs included) or an importable
-        ``module:Class`` (the same resolution the env workers do).
+        ``module:Class`` (the same resolution the env workers do), and ``kwargs`` names only
+        arguments its constructor takes.
 
         Raises:
-            ConfigError: for an unknown id (with close matches) or an unimportable class.
+            ConfigError: for an unknown id (with close matches), an unimportable class, or an
+                argument the constructor does not take (with close matches).
         """
         from rlinf_embodied.components import user_modules_importable
         from rlinf_embodied.envs.gymnasium_env import _entry_point_class, register_toy_envs
@@ -54,6 +56,11 @@ class GymEnvConfig(EnvConfig):
             raise
         except ValueError as e:
             raise ConfigError(f"env.env_id: {e}") from None
+        from rlinf_embodied.envs.gymnasium_env import unknown_kwargs
+
+        why = unknown_kwargs(self.env_id, dict(self.kwargs))
+        if why:
+            raise ConfigError(why)
 
     def __post_init__(self):
         super().__post_init__()

@@ -60,6 +60,42 @@ def _entry_point_class(env_id: str):
         ) from e
 
 
+def unknown_kwargs(env_id: str, kwargs: Dict[str, Any]) -> Optional[str]:
+    """Why ``kwargs`` do not fit the constructor of ``env_id`` (names it does not take, with
+    close matches), or None when they fit or the constructor takes ``**kwargs``; looks at the
+    signature only (no env is built). ``env_id``: a gymnasium id (registered, ``module:id``)
+    or a ``module:Class`` entry point."""
+    import inspect
+
+    if not kwargs:
+        return None
+    cls = _entry_point_class(env_id)
+    try:
+        if cls is None:
+            import gymnasium
+            from gymnasium.envs.registration import load_env_creator
+
+            register_toy_envs()
+            module, sep, name = env_id.rpartition(":")
+            if sep:  # gymnasium's module:id form: the module registers the id
+                importlib.import_module(module)
+            entry = gymnasium.spec(name).entry_point
+            cls = load_env_creator(entry) if isinstance(entry, str) else entry
+        params = inspect.signature(cls).parameters.values()
+    except Exception:  # noqa: BLE001 - an id or entry point this check cannot resolve: the env says
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    bad = [k for k in kwargs if k not in names]
+    if not bad:
+        return None
+    close = {k: difflib.get_close_matches(k, names, n=1) for k in bad}
+    hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+    return (f"env.kwargs {hints} not taken by {env_id}'s constructor; it takes "
+            f"{', '.join(names) or 'no arguments'}.")
+
+
 def make_gymnasium_env(env_id: str, kwargs: Dict[str, Any], max_episode_steps: Optional[int]):
     """One gymnasium env from an id or a ``module:Class`` entry point.
 
@@ -83,6 +119,13 @@ def make_gymnasium_env(env_id: str, kwargs: Dict[str, Any], max_episode_steps: O
                           **kwargs)
 
 
+def _looks_like_image(space) -> bool:
+    """A uint8 Box of shape (H, W, 3) or (H, W, 4) with H, W >= 8."""
+    shape = tuple(space.shape or ())
+    return (np.dtype(space.dtype) == np.uint8 and len(shape) == 3 and shape[-1] in (3, 4)
+            and min(shape[:2]) >= 8)
+
+
 class _ObsMapper:
     """Maps one gymnasium observation to contract keys; built from the observation space."""
 
@@ -102,6 +145,15 @@ class _ObsMapper:
                 k for k, s in space.spaces.items()
                 if k not in image_keys and isinstance(s, spaces.Box)
             )
+            if not state_keys:  # defaulted: an image would be flattened into thousands of states
+                images = [k for k in self.state_keys if _looks_like_image(space.spaces[k])]
+                if images:
+                    k = images[0]
+                    raise ValueError(
+                        f"Observation key {k!r} is an image ({tuple(space.spaces[k].shape)} uint8) "
+                        f"but not in env.image_keys, so it would be flattened into the state "
+                        f"vector; map it (env.image_keys={{{k}: main_images}}) or name the state "
+                        f"keys (env.state_keys=[...]) to leave it out.")
             for key, target in self.image_keys.items():
                 shape = tuple(space.spaces[key].shape)
                 if len(shape) != 3 or shape[-1] != 3:

@@ -589,16 +589,16 @@ def _auto_obs_mode(req: EvalRequest) -> str:
     return "rgb"
 
 
-def run_max_episode_steps(source: str) -> Optional[int]:
-    """``env.max_episode_steps`` of the training run a ``--policy`` directory belongs to.
+def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """The ``env`` section of the ``config.yaml`` of the training run a ``--policy`` directory
+    belongs to, and that file's path.
 
-    Looks for the run's ``config.yaml`` in the directory and up to three levels above it (a
-    run, ``checkpoints/iter_*`` or ``checkpoints/iter_*/policy``); None when there is none or
-    it sets no limit.
+    Looks in the directory and up to three levels above it (a run, ``checkpoints/iter_*`` or
+    ``checkpoints/iter_*/policy``); ``({}, None)`` when there is none (or it does not parse).
     """
     path = Path(source)
     if not path.is_dir():
-        return None
+        return {}, None
     import yaml
 
     for d in [path, *list(path.resolve().parents)[:3]]:
@@ -607,10 +607,51 @@ def run_max_episode_steps(source: str) -> Optional[int]:
             try:
                 data = yaml.safe_load(cfg.read_text()) or {}
             except (OSError, yaml.YAMLError):
-                return None
-            value = (data.get("env") or {}).get("max_episode_steps") if isinstance(data, dict) else None
-            return int(value) if isinstance(value, int) and value > 0 else None
-    return None
+                return {}, None
+            env = data.get("env") if isinstance(data, dict) else None
+            return (dict(env) if isinstance(env, dict) else {}), cfg
+    return {}, None
+
+
+def run_max_episode_steps(source: str) -> Optional[int]:
+    """``env.max_episode_steps`` of the training run a ``--policy`` directory belongs to (see
+    :func:`run_env_config`); None when there is no run config or it sets no limit."""
+    value = run_env_config(source)[0].get("max_episode_steps")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+RUN_ENV_KEYS = {"maniskill": ("control_mode", "sensor_size"), "gym": ("kwargs",), "libero": ()}
+"""Env settings that define the policy's observation and action spaces, taken from the training
+run's config when ``--policy`` is a run (the protocol does not fix them: ManiSkill's fair
+evaluation uses the env's defaults, which a run may have changed, e.g. ``pd_ee_delta_pose``
+for a 7-dim VLA). LIBERO takes none: its protocol fixes the image size."""
+
+
+def run_env_overrides(req: EvalRequest, protocol: Protocol) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """The settings of :data:`RUN_ENV_KEYS` the policy's training run used, where the request
+    does not set them (``env_overrides``; ``--image-size`` or a protocol image size for
+    ``sensor_size``) and the run trained on the same env family; and the run config's path."""
+    run_env, path = run_env_config(req.policy)
+    if not run_env or run_env.get("type", req.env) != req.env:
+        return {}, path
+    keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides]
+    if protocol.image_size is not None and "sensor_size" in keys:
+        keys.remove("sensor_size")
+    return {k: run_env[k] for k in keys if run_env[k] not in (None, {})}, path
+
+
+def _check_writable(output: Path) -> None:
+    """Fail before any env starts if the results file's folder cannot be written (it is made).
+
+    Raises:
+        EvalError: naming the path and the reason.
+    """
+    from rlinf_embodied.checkpoint import unwritable
+
+    why = unwritable(output.parent)
+    if why:
+        raise EvalError(f"Cannot write the results file {output} ({why}); pass --output PATH in "
+                        "a writable folder.")
 
 
 def _seed_everything(seed: int) -> None:
@@ -666,7 +707,14 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         raise EvalError(f"--video must be one of {', '.join(VIDEO_MODES)} (got {req.video!r}).")
     if req.num_envs < 1:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
+    _check_writable(Path(req.output))
     protocol = resolve_protocol(req)
+    adopted, run_cfg = run_env_overrides(req, protocol)
+    if adopted:
+        print("eval: the policy's env settings from its run "
+              f"({', '.join(f'{k}={v}' for k, v in adopted.items())}, {run_cfg}); recorded in "
+              "the results' env_config.", file=sys.stderr)
+        req = dataclasses.replace(req, env_overrides={**adopted, **req.env_overrides})
     family = _FAMILIES[req.env](req, protocol)
     obs_mode = _auto_obs_mode(req)
     mismatches = warn_versions(protocol)

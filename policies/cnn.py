@@ -96,8 +96,9 @@ class CNNPolicy(ActorCriticPolicy):
     def __init__(self, config: CNNPolicyConfig, spec: SpaceSpec):
         if spec.image_shape is None:
             raise ValueError(
-                "The cnn policy needs `main_images` (SpaceSpec.image_shape); use an env obs mode "
-                "that renders images (e.g. env.obs_mode=rgb) or policy.type=mlp for states."
+                "The cnn policy needs `main_images` (SpaceSpec.image_shape); give the env images "
+                "(ManiSkill/LIBERO: env.obs_mode=rgb; gym: map a Dict image key with "
+                "env.image_keys={KEY: main_images}) or use policy.type=mlp for states."
             )
         encoder = _ImageStateEncoder(config, spec)
         super().__init__(config, spec, encoder, encoder.feature_dim)

@@ -146,6 +146,21 @@ def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
     return directory
 
 
+def _policy_dir_hint(directory: Path) -> str:
+    """What to point ``policy.checkpoint`` at when ``directory`` is a training run or one of
+    its checkpoints (the policy is in ``checkpoints/iter_*/policy``)."""
+    from rlinf_embodied.checkpoint import latest_checkpoint
+
+    if (directory / "policy" / CONFIG_FILE).is_file():
+        return f"it is a training checkpoint: set policy.checkpoint={directory / 'policy'}."
+    if (directory / "checkpoints").is_dir():
+        latest = latest_checkpoint(directory)
+        if latest is not None:
+            return (f"it is a training run: set policy.checkpoint={latest / 'policy'} (its "
+                    "latest checkpoint).")
+    return "check policy.checkpoint."
+
+
 def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig, SpaceSpec]:
     """The saved config and spec of a checkpoint, type-checked against ``expected_type``."""
     cfg_path, spec_path = directory / CONFIG_FILE, directory / SPEC_FILE
@@ -153,7 +168,7 @@ def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig
         if not p.is_file():
             raise PolicyCheckpointError(
                 f"{p} is missing: {directory} is not a complete policy checkpoint (written by "
-                "save_policy); check policy.checkpoint."
+                f"save_policy); {_policy_dir_hint(directory)}"
             )
     raw = yaml.safe_load(cfg_path.read_text()) or {}
     saved_type = raw.get("type")

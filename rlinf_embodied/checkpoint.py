@@ -71,6 +71,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def unwritable(folder: str | os.PathLike) -> Optional[str]:
+    """Why files cannot be written atomically into ``folder`` (made if missing), or None.
+
+    Checks by creating (and removing) a temporary file there, as :func:`atomic_write` will;
+    the reason is the OS's (e.g. "Permission denied", "Read-only file system").
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check."):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """:func:`atomic_write` of a bytes object."""
     return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))

@@ -339,7 +339,13 @@ def train(
 
             validate_job(cfg)
             if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
+                from rlinf_embodied.checkpoint import unwritable
                 from rlinf_embodied.sft.gate import GateError, gate_for_job
+
+                why = unwritable(run_dir)
+                if why:
+                    raise ConfigError(f"Cannot write the run directory {run_dir} ({why}); set "
+                                      "run.dir=PATH to a writable folder.")
 
                 try:
                     gate_for_job(cfg, run_dir, log=typer.echo)

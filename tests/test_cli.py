@@ -359,3 +359,32 @@ def test_report_without_checkpoint_says_why(capsys):
 
     assert "trainer.save_every=0 saves none, except on Ctrl-C" in report(0)
     assert "stopped before its first iteration" in report(10)
+
+
+def test_unwritable_outputs_fail_before_any_env_starts(tmp_path):
+    # /proc refuses new files for every user (root included); nothing starts, one line, exit 2
+    r = runner.invoke(app, ["train", "configs/gym_pointreach_ppo_mlp.yaml", "run.dir=/proc/rlinf_run"])
+    assert r.exit_code == 2 and "Cannot write the run directory /proc/rlinf_run" in r.output
+    assert "set run.dir=PATH" in r.output and len(r.output.strip().splitlines()) == 1
+    r = runner.invoke(app, ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random",
+                            "--output", "/proc/rlinf_results.json"])
+    assert r.exit_code == 2 and "Cannot write the results file /proc/rlinf_results.json" in r.output
+    assert "--output PATH" in r.output
+    from rlinf_embodied.checkpoint import unwritable
+
+    assert unwritable(tmp_path / "new" / "dir") is None and (tmp_path / "new" / "dir").is_dir()
+    assert list((tmp_path / "new" / "dir").iterdir()) == []  # the probe file is gone
+
+
+def test_vllm_backend_outside_its_venv_names_the_venv(tmp_path):
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this venv")
+    r = runner.invoke(app, ["train", "configs/reasoning_grpo_tiny.yaml", "rollout.backend=vllm",
+                            f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 2, r.output
+    assert ".venv-vllm/bin/rlinf-embodied train" in r.output and "rollout.backend=hf" in r.output
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made

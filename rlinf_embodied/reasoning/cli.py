@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -26,6 +27,14 @@ def validate_reasoning_job(cfg) -> None:
     if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={cfg.model.path} is not a local HF model directory (no "
                           f"config.json); set it to one, or to null for the tiny model.")
+    if cfg.rollout.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                f"rollout.backend=vllm but vLLM is not installed in this Python ({sys.prefix}); "
+                "it lives in its own venv: run .venv-vllm/bin/rlinf-embodied train ... "
+                "(made by `make setup`), or set rollout.backend=hf.")
     if cfg.placement == "auto":
         return
     path = resolve_placement(cfg.placement)

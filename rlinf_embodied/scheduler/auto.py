@@ -154,7 +154,10 @@ def profile_for_config(cfg: Any, run_dir: str | Path | None) -> WorkflowProfile:
         cached = load_profile(run_dir, profile_config_key(cfg))
         if cached is not None:
             return cached
-    return analytic_default_profile(cfg.env.type, cfg.policy.type)
+    import torch
+
+    return analytic_default_profile(cfg.env.type, cfg.policy.type,
+                                    accelerator=torch.cuda.device_count() > 0)
 
 
 def plan_config(

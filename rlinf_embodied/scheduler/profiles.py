@@ -505,7 +505,7 @@ _ANALYTIC_MESSAGES = MessageProfile(
 )
 
 
-def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile:
+def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool = True) -> WorkflowProfile:
     """The documented, unmeasured profile used by ``plan`` before any profile exists.
 
     Affine time and memory per component from the tables in this module (order-of-magnitude
@@ -516,6 +516,9 @@ def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile
     Args:
         env_type: ``env.type`` of the job (unknown types fall back to ``gym``).
         policy_type: ``policy.type`` of the job (unknown types fall back to ``mlp``).
+        accelerator: False for CPU devices: state already lives in host memory, so offload and
+            onload move nothing and cost 0 s (the tables' onload seconds are for an
+            accelerator's host link).
 
     Returns:
         A profile with components ``env``, ``rollout`` and ``actor``; ``source`` says it is the
@@ -525,6 +528,8 @@ def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile
     rollout = _ROLLOUT_ANALYTIC.get(policy_type, _ROLLOUT_ANALYTIC["mlp"])
     actor = _ACTOR_ANALYTIC.get(policy_type, _ACTOR_ANALYTIC["mlp"])
     sync = 0.5 if policy_type.startswith("openvla") else 0.01
+    if not accelerator:
+        env, rollout, actor = (dataclasses.replace(a, onload_s=0.0) for a in (env, rollout, actor))
     return WorkflowProfile(
         components={
             "env": env.profile("env"),
@@ -535,8 +540,9 @@ def analytic_default_profile(env_type: str, policy_type: str) -> WorkflowProfile
         weight_sync_s=sync,
         link_bandwidth_Bps=25e9,
         link_latency_s=1e-4,
-        hardware="analytic 80 GiB accelerator",
+        hardware="analytic 80 GiB accelerator" if accelerator else "analytic CPU devices (free offload)",
         messages=_ANALYTIC_MESSAGES,
-        source=f"analytic default (env={env_type}, policy={policy_type}; not measured)",
+        source=(f"analytic default (env={env_type}, policy={policy_type}"
+                + ("" if accelerator else ", CPU devices: offload costs 0 s") + "; not measured)"),
     )
 

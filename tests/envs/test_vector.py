@@ -259,3 +259,26 @@ def test_env_without_success_info_warns_once():
         for _ in range(30):
             env.step(np.zeros((2, 1)))
     env.close()
+
+
+def test_an_unmapped_image_key_is_refused_not_flattened_into_states():
+    # a (8, 8, 3) uint8 'wrist' left out of image_keys would become 192 state dims
+    with pytest.raises(Exception, match=r"'wrist' is an image \(\(8, 8, 3\) uint8\).*env.image_keys"):
+        countdown(num_envs=1, kwargs={"with_image": True}, image_keys={"pixels": "main_images"})
+    env = countdown(num_envs=1, kwargs={"with_image": True}, image_keys={"pixels": "main_images"},
+                    state_keys=["state"])
+    obs, _ = env.reset(seed=0)
+    assert obs["states"].shape == (1, 3) and "wrist_images" not in obs
+    env.close()
+
+
+def test_env_kwargs_typo_is_a_config_error_before_any_env_is_built():
+    from rlinf_embodied.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"env.kwargs 'dimm' \(did you mean 'dim'\?\) not taken by "
+                                          r"toy/PointReach-v0's constructor; it takes dim, max_step"):
+        GymEnvConfig(env_id="toy/PointReach-v0", kwargs={"dimm": 3}).check_available()
+    GymEnvConfig(env_id="toy/PointReach-v0", kwargs={"dim": 3}).check_available()
+    GymEnvConfig(env_id="CartPole-v1", kwargs={"render_mode": None}).check_available()
+    with pytest.raises(ConfigError, match="'lenght' \\(did you mean 'length'\\?\\)"):
+        GymEnvConfig(env_id="rlinf_embodied.envs.toy:CountdownEnv", kwargs={"lenght": 3}).check_available()

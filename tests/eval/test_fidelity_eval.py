@@ -118,3 +118,52 @@ def test_a_run_limit_equal_to_the_env_default_keeps_the_protocol(tmp_path):
         assert res.header["max_steps"] == limit and max(e.steps for e in res.episodes) <= limit
     assert ids[50] == base.header["protocol"]["id"] and "+" not in ids[50]
     assert ids[7] == ids[50] + "+max_steps"
+
+
+def _run_with_policy(run, env_yaml: str, spec) -> None:
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    run.mkdir()
+    (run / "config.yaml").write_text(env_yaml)
+    with checkpoint_dir(run, "iter_000001") as d:
+        save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[4]), spec), d / "policy")
+
+
+def test_a_run_is_evaluated_with_the_env_settings_it_trained_with(tmp_path, capsys):
+    """The env constructor kwargs (gym) and control mode / camera size (ManiSkill) of a
+    training run shape its policy's spaces; eval takes them from the run's config.yaml unless
+    the request sets them, and records them."""
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    run = tmp_path / "run"  # toy/PointReach-v0 with dim=3: 6 state dims, 3 action dims
+    _run_with_policy(run, "env:\n  type: gym\n  env_id: toy/PointReach-v0\n  kwargs: {dim: 3}\n",
+                     SpaceSpec(action_low=[-1.0] * 3, action_high=[1.0] * 3, state_dim=6))
+    req = dict(env="gym", task="toy/PointReach-v0", trials_per_task=2, num_envs=2,
+               num_processes=0, reports=False, policy=str(run))
+    res = evaluate(EvalRequest(output=str(tmp_path / "a.json"), **req))
+    assert res.header["env_config"]["kwargs"] == {"dim": 3} and len(res.episodes) == 2
+    assert "kwargs={'dim': 3}" in capsys.readouterr().err
+    # an explicit setting wins (and here no longer fits the policy)
+    with pytest.raises(Exception, match=r"state dim 6 \(env: 4\)"):
+        evaluate(EvalRequest(output=str(tmp_path / "b.json"), env_overrides={"kwargs": {"dim": 2}}, **req))
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def factory(cfg):
+        seen.append(cfg)
+        raise Built
+
+    ms = tmp_path / "ms"
+    _run_with_policy(ms, "env:\n  type: maniskill\n  control_mode: pd_ee_delta_pose\n  sensor_size: 64\n",
+                     SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=3))
+    for image_size, sensor in ((None, 64), (96, 96)):
+        with pytest.raises(Built):
+            evaluate(EvalRequest(env="maniskill", task="PickCube-v1", policy=str(ms), obs_mode="state",
+                                 image_size=image_size, output=str(tmp_path / "c.json"),
+                                 env_factory=factory, reports=False))
+        assert (seen[-1].control_mode, seen[-1].sensor_size) == ("pd_ee_delta_pose", sensor)

@@ -224,6 +224,18 @@ def test_checkpoint_architecture_and_spec_mismatch(tmp_path):
         build_policy(MLPPolicyConfig(checkpoint=str(tmp_path)), SpaceSpec(**BOX, state_dim=S + 1))
     with pytest.raises(PolicyCheckpointError, match="not a complete policy checkpoint"):
         load_policy(tmp_path / "missing")
+    # a training run or one of its checkpoints: the message names the policy folder to use
+    from rlinf_embodied.checkpoint import checkpoint_dir
+
+    run = tmp_path / "run"
+    for it in ("iter_000010", "iter_000020"):
+        with checkpoint_dir(run, it) as d:
+            save_policy(policy, d / "policy")
+    latest = run / "checkpoints" / "iter_000020"
+    with pytest.raises(PolicyCheckpointError, match=f"a training run: set policy.checkpoint={latest}/policy"):
+        load_policy(run)
+    with pytest.raises(PolicyCheckpointError, match=f"a training checkpoint: set policy.checkpoint={latest}/policy"):
+        load_policy(latest)
 
 
 def test_save_is_atomic_and_overwrites(tmp_path):

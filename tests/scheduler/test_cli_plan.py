@@ -56,5 +56,18 @@ def test_auto_plan_returns_runtime_placement_and_report(tmp_path):
     cfg = load_config(_job(tmp_path))
     placement, report = auto_plan(cfg, 8, tmp_path / "run")
     PlacementPlan.from_dict(placement).validate(8)
-    assert report["profile"] == analytic_default_profile("maniskill", "openvla").source
+    import torch
+
+    gpu = torch.cuda.device_count() > 0
+    assert report["profile"] == analytic_default_profile("maniskill", "openvla", accelerator=gpu).source
     assert "pipeline_stages" in report["granularity"] and report["predicted_iteration_s"] > 0
+
+
+def test_analytic_profile_on_cpu_devices_charges_no_offload():
+    gpu = analytic_default_profile("maniskill", "openvla")
+    cpu = analytic_default_profile("maniskill", "openvla", accelerator=False)
+    assert gpu.components["env"].onload_s == 2.0 and gpu.components["actor"].offload_s == 8.0
+    for name, c in cpu.components.items():
+        assert (c.onload_s, c.offload_s) == (0.0, 0.0), name
+        assert c.time_s == gpu.components[name].time_s  # only the swap costs change
+    assert "CPU devices: offload costs 0 s" in cpu.source
