@@ -51,7 +51,9 @@ class GymEnvConfig(EnvConfig):
 
                 check_registered_env_id(self.env_id, "gymnasium",
                                         ".venv/bin/python -c \"import gymnasium; print(sorted(gymnasium.registry))\" "
-                                        "(toy envs: rlinf-embodied envs list)")
+                                        "(toy envs: rlinf-embodied envs list). An id registered in "
+                                        f"your own module needs the module:id form, e.g. "
+                                        f"my_lab.envs:{self.env_id}.")
         except ConfigError:
             raise
         except ValueError as e:

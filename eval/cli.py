@@ -76,6 +76,23 @@ def parse_tasks(text: Optional[str]) -> Optional[List[int]]:
     return out
 
 
+def parse_env_overrides(items: List[str]) -> dict:
+    """``--env-override KEY=VALUE`` arguments as a dict (each VALUE parsed as YAML)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--env-override {item!r} is not KEY=VALUE (e.g. --env-override 'kwargs={{speed: 0.2}}').")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            _fail(f"--env-override {key}: {value!r} is not a YAML value ({e.problem}); a mapping "
+                  "needs a space after each colon, e.g. 'kwargs={speed: 0.2}'.")
+    return out
+
+
 @eval_app.callback(invoke_without_command=True)
 def eval_command(
     ctx: typer.Context,
@@ -117,6 +134,11 @@ def eval_command(
         None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write .md/.png/.html beside the results."),
+    env_override: List[str] = typer.Option(
+        [], "--env-override",
+        help="KEY=VALUE env setting, VALUE in YAML (repeatable; recorded in env_config), e.g. "
+             "'kwargs={speed: 0.2}', 'state_keys=[pos, goal]', 'image_keys={cam: main_images}', "
+             "control_mode=pd_ee_delta_pose. A training run's own settings are used unless set."),
 ) -> None:
     """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
     if ctx.invoked_subcommand is not None:
@@ -142,6 +164,7 @@ def eval_command(
         typer.echo(f"[{done}/{total}] task {ep.task} trial {ep.trial}: {status} "
                    f"{ep.steps} steps" + (f"  {ep.error}" if ep.error else ""), err=True)
 
+    overrides = parse_env_overrides(env_override)
     try:
         req = EvalRequest(
             env=env, policy=policy, suite=suite, task=task, protocol=protocol,
@@ -149,6 +172,7 @@ def eval_command(
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
             policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
+            env_overrides=overrides,
         )
         results = evaluate(req)
     except (EvalError, ProtocolError, PolicySourceError, ResultsError, ValueError) as e:

@@ -262,7 +262,9 @@ class _SeededFamily(_Family):
     def __init__(self, req: EvalRequest, protocol: Protocol):
         super().__init__(req, protocol)
         if not req.task:
-            raise EvalError(f"--env {req.env} needs --task <env id> (e.g. PushCube-v1).")
+            example = "PushCube-v1" if req.env == "maniskill" else "toy/PointReach-v0"
+            raise EvalError(f"--env {req.env} needs --task <env id> (e.g. {example}), or --policy "
+                            "a training run (its env.env_id is used).")
         if req.tasks is not None:
             raise EvalError(f"--tasks selects LIBERO tasks; for --env {req.env} use --task.")
 
@@ -620,11 +622,16 @@ def run_max_episode_steps(source: str) -> Optional[int]:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-RUN_ENV_KEYS = {"maniskill": ("control_mode", "sensor_size"), "gym": ("kwargs",), "libero": ()}
+RUN_ENV_KEYS = {"maniskill": ("control_mode", "sensor_size"),
+                "gym": ("kwargs", "state_keys", "image_keys"), "libero": ()}
 """Env settings that define the policy's observation and action spaces, taken from the training
 run's config when ``--policy`` is a run (the protocol does not fix them: ManiSkill's fair
 evaluation uses the env's defaults, which a run may have changed, e.g. ``pd_ee_delta_pose``
-for a 7-dim VLA). LIBERO takes none: its protocol fixes the image size."""
+for a 7-dim VLA; a gym run's ``state_keys`` fix the order of its state vector). LIBERO takes
+none: its protocol fixes the image size. The gym settings belong to one env, so they are taken
+only when ``--task`` is the run's ``env.env_id``."""
+
+_ENV_ID_SPECIFIC = ("kwargs", "state_keys", "image_keys")
 
 
 def run_env_overrides(req: EvalRequest, protocol: Protocol) -> Tuple[Dict[str, Any], Optional[Path]]:
@@ -634,10 +641,40 @@ def run_env_overrides(req: EvalRequest, protocol: Protocol) -> Tuple[Dict[str, A
     run_env, path = run_env_config(req.policy)
     if not run_env or run_env.get("type", req.env) != req.env:
         return {}, path
-    keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides]
+    keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides
+            and (k not in _ENV_ID_SPECIFIC or run_env.get("env_id", req.task) == req.task)]
     if protocol.image_size is not None and "sensor_size" in keys:
         keys.remove("sensor_size")
-    return {k: run_env[k] for k in keys if run_env[k] not in (None, {})}, path
+    return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}, path
+
+
+def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
+    """``family.env_config(*args)``, with ``req.env_overrides`` checked first: unknown names
+    and what the env config's own check refuses (``check_available``: e.g. a gym id or
+    ``kwargs`` its constructor does not take).
+
+    Raises:
+        EvalError: naming the setting and the valid ones.
+    """
+    from rlinf_embodied.config import ConfigError
+
+    from rlinf_embodied.envs.configuration_gym import GymEnvConfig
+    from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
+    from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
+
+    cls = {"gym": GymEnvConfig, "libero": LiberoEnvConfig, "maniskill": ManiSkillEnvConfig}[req.env]
+    names = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(req.env_overrides) - names)
+    if bad:
+        raise EvalError(f"--env-override {', '.join(bad)}: not a {req.env} env setting; valid: "
+                        f"{', '.join(sorted(names - {'type'}))}.")
+    try:
+        cfg = family.env_config(*args)
+        if req.env_factory is None and hasattr(cfg, "check_available"):
+            cfg.check_available()
+    except ConfigError as e:
+        raise EvalError(str(e)) from None
+    return cfg
 
 
 def _check_writable(output: Path) -> None:
@@ -648,6 +685,9 @@ def _check_writable(output: Path) -> None:
     """
     from rlinf_embodied.checkpoint import unwritable
 
+    if output.is_dir():
+        raise EvalError(f"--output {output} is a folder; pass the results file's path, e.g. "
+                        f"--output {output / 'results.json'}.")
     why = unwritable(output.parent)
     if why:
         raise EvalError(f"Cannot write the results file {output} ({why}); pass --output PATH in "
@@ -708,6 +748,12 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     if req.num_envs < 1:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
     _check_writable(Path(req.output))
+    if req.task is None and req.env in ("gym", "maniskill"):
+        run_env, run_cfg = run_env_config(req.policy)
+        if run_env.get("type", req.env) == req.env and run_env.get("env_id"):
+            print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
+                  file=sys.stderr)
+            req = dataclasses.replace(req, task=str(run_env["env_id"]))
     protocol = resolve_protocol(req)
     adopted, run_cfg = run_env_overrides(req, protocol)
     if adopted:
@@ -735,7 +781,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
     limit = (run_max_episode_steps(req.policy)
              if family.max_steps() is None and "max_episode_steps" not in req.env_overrides else None)
-    env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
+    env_cfg = _checked_env_config(family, req, num_envs, num_processes, obs_mode, pending[:num_envs])
     env = (req.env_factory or make_env)(env_cfg)
     if limit is not None and env.max_episode_steps != limit:
         # The run's own env.max_episode_steps where it differs from the env's registered limit

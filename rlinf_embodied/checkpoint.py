@@ -58,8 +58,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         write(tmp)
+        # mkstemp creates 0600 (and a writer may replace the file, e.g. safetensors' save_file);
+        # results and checkpoints are meant to be shared
+        os.chmod(tmp, 0o644)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

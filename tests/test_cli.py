@@ -299,7 +299,7 @@ def test_continue_hint_is_a_command_that_exists(monkeypatch):
 def test_eval_with_an_unknown_gym_id_is_one_line(tmp_path):
     r = runner.invoke(app, ["eval", "--env", "gym", "--task", "PointReach-v0", "--policy", "random",
                             "--trials-per-task", "1", "-o", str(tmp_path / "ev.json")])
-    assert r.exit_code == 2 and "Unknown gymnasium env id" in r.output and "toy/PointReach-v0" in r.output
+    assert r.exit_code == 2 and "is not a registered gymnasium env" in r.output and "toy/PointReach-v0" in r.output
     assert "Traceback" not in r.output
 
 
@@ -388,3 +388,17 @@ def test_vllm_backend_outside_its_venv_names_the_venv(tmp_path):
     assert r.exit_code == 2, r.output
     assert ".venv-vllm/bin/rlinf-embodied train" in r.output and "rollout.backend=hf" in r.output
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_eval_env_override_sets_and_records_env_settings(tmp_path):
+    out = tmp_path / "r.json"
+    args = ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random", "--trials-per-task", "2",
+            "--num-envs", "2", "--num-processes", "0", "--no-report", "--output", str(out)]
+    r = runner.invoke(app, args + ["--env-override", "kwargs={dim: 3}", "--env-override", "success_hold_steps=2"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(out.read_text())["header"]["env_config"]
+    assert cfg["kwargs"] == {"dim": 3} and cfg["success_hold_steps"] == 2
+    r = runner.invoke(app, args + ["--env-override", "kwargs"])
+    assert r.exit_code == 2 and "is not KEY=VALUE" in r.output
+    r = runner.invoke(app, args[:-1] + [str(tmp_path / "b.json"), "--env-override", "kwargs={dimm: 3}"])
+    assert r.exit_code == 2 and "'dimm' (did you mean 'dim'?)" in r.output

@@ -148,6 +148,19 @@ def test_a_run_is_evaluated_with_the_env_settings_it_trained_with(tmp_path, caps
     # an explicit setting wins (and here no longer fits the policy)
     with pytest.raises(Exception, match=r"state dim 6 \(env: 4\)"):
         evaluate(EvalRequest(output=str(tmp_path / "b.json"), env_overrides={"kwargs": {"dim": 2}}, **req))
+    # no --task: the run's env_id; another task: the run's gym settings are not applied
+    res = evaluate(EvalRequest(**{**req, "task": None}, output=str(tmp_path / "t.json")))
+    assert res.header["env_id"] == "toy/PointReach-v0" and res.header["env_config"]["kwargs"] == {"dim": 3}
+    assert "--task toy/PointReach-v0 (the env_id of the policy's run" in capsys.readouterr().err
+    other = tmp_path / "other"
+    _run_with_policy(other, "env:\n  type: gym\n  env_id: toy/Countdown-v0\n  kwargs: {length: 9}\n",
+                     SpaceSpec(action_low=[-1.0] * 2, action_high=[1.0] * 2, state_dim=4))
+    res = evaluate(EvalRequest(**{**req, "policy": str(other)}, output=str(tmp_path / "o.json")))
+    assert res.header["env_config"]["kwargs"] == {} and "env settings" not in capsys.readouterr().err
+    with pytest.raises(EvalError, match="--env-override kwarg: not a gym env setting; valid: .*kwargs"):
+        evaluate(EvalRequest(output=str(tmp_path / "k.json"), env_overrides={"kwarg": {}}, **req))
+    with pytest.raises(EvalError, match="--output .* is a folder; pass the results file's path"):
+        evaluate(EvalRequest(**{**req, "output": str(tmp_path)}))
 
     seen = []
 
@@ -167,3 +180,19 @@ def test_a_run_is_evaluated_with_the_env_settings_it_trained_with(tmp_path, caps
                                  image_size=image_size, output=str(tmp_path / "c.json"),
                                  env_factory=factory, reports=False))
         assert (seen[-1].control_mode, seen[-1].sensor_size) == ("pd_ee_delta_pose", sensor)
+
+
+def test_a_gym_run_is_evaluated_with_its_state_key_order(tmp_path):
+    """A Dict observation's state vector follows the run's env.state_keys; with the default
+    (sorted keys) order a trained policy would be fed its inputs permuted."""
+    from rlinf_embodied.policies.base import SpaceSpec
+
+    run = tmp_path / "run"
+    _run_with_policy(run, "env:\n  type: gym\n  env_id: toy/Countdown-v0\n  kwargs: {with_image: true}\n"
+                          "  image_keys: {pixels: main_images}\n  state_keys: [state]\n",
+                     SpaceSpec(action_low=[-1.0], action_high=[1.0], state_dim=3))
+    res = evaluate(EvalRequest(env="gym", task="toy/Countdown-v0", policy=str(run), obs_mode="state",
+                               trials_per_task=1, num_envs=1, num_processes=0, reports=False,
+                               max_steps=3, output=str(tmp_path / "a.json")))
+    cfg = res.header["env_config"]
+    assert cfg["state_keys"] == ["state"] and cfg["image_keys"] == {"pixels": "main_images"}

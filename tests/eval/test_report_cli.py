@@ -93,7 +93,7 @@ def test_cli_runs_gym_eval(tmp_path):
      "--max-steps must be >= 1"),
     (["--env", "gym", "--task", "toy/PointReach-v0", "--num-settle-steps", "-1"],
      "--num-settle-steps must be >= 0 (got -1)"),
-    (["--env", "gym", "--task", "toy/PointRaech-v0"], "or set --task to 'package.module:ClassName'"),
+    (["--env", "gym", "--task", "toy/PointRaech-v0"], "--task='toy/PointRaech-v0' is not a registered gymnasium env. Did you mean 'toy/PointReach-v0'"),
 ])
 def test_cli_bad_input(tmp_path, args, message):
     if "--policy" not in args:
