@@ -146,9 +146,8 @@ class _ObsMapper:
                 if k not in image_keys and isinstance(s, spaces.Box)
             )
             if not state_keys:  # defaulted: an image would be flattened into thousands of states
-                images = [k for k in self.state_keys if _looks_like_image(space.spaces[k])]
-                if images:
-                    k = images[0]
+                k = next((k for k in self.state_keys if _looks_like_image(space.spaces[k])), None)
+                if k is not None:
                     raise ValueError(
                         f"Observation key {k!r} is an image ({tuple(space.spaces[k].shape)} uint8) "
                         f"but not in env.image_keys, so it would be flattened into the state "

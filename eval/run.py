@@ -160,6 +160,11 @@ class _Family:
     def max_steps(self) -> Optional[int]:
         raise NotImplementedError
 
+    @staticmethod
+    def config_class() -> type:
+        """The family's EnvConfig class (its fields are the valid ``env_overrides``)."""
+        raise NotImplementedError
+
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
         """The EnvConfig; ``first`` are the pairs the N slots start with."""
@@ -177,6 +182,12 @@ class _LiberoFamily(_Family):
     """LIBERO: task ids of a suite; trial i loads the task's stored initial state i."""
 
     name = "libero"
+
+    @staticmethod
+    def config_class() -> type:
+        from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
+
+        return LiberoEnvConfig
 
     def __init__(self, req: EvalRequest, protocol: Protocol):
         super().__init__(req, protocol)
@@ -221,8 +232,6 @@ class _LiberoFamily(_Family):
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
-
         p = self.protocol
         values = dict(
             suite=self.req.suite,
@@ -244,7 +253,7 @@ class _LiberoFamily(_Family):
         if p.image_size is not None:
             values["image_size"] = p.image_size
         values.update(self.req.env_overrides)
-        return LiberoEnvConfig(**values)
+        return self.config_class()(**values)
 
     def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
         options = {"task_ids": [t for t, _ in pairs], "init_state_ids": [i for _, i in pairs]}
@@ -295,35 +304,43 @@ class _SeededFamily(_Family):
 class _ManiSkillFamily(_SeededFamily):
     name = "maniskill"
 
+    @staticmethod
+    def config_class() -> type:
+        from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
+
+        return ManiSkillEnvConfig
+
     def instruction(self, task: Any) -> str:
         return str(task)
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
-
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
                       max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
         if self.protocol.image_size is not None:
             values["sensor_size"] = self.protocol.image_size
         values.update(self.req.env_overrides)
-        return ManiSkillEnvConfig(**values)
+        return self.config_class()(**values)
 
 
 class _GymFamily(_SeededFamily):
     name = "gym"
 
-    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
-                   first: Sequence[Pair]) -> Any:
+    @staticmethod
+    def config_class() -> type:
         from rlinf_embodied.envs.configuration_gym import GymEnvConfig
 
+        return GymEnvConfig
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       vectorization="async" if num_processes > 0 else "sync",
                       ignore_terminations=self.protocol.ignore_terminations,
                       max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
         values.update(self.req.env_overrides)
-        return GymEnvConfig(**values)
+        return self.config_class()(**values)
 
 
 _FAMILIES = {"libero": _LiberoFamily, "maniskill": _ManiSkillFamily, "gym": _GymFamily}
@@ -615,10 +632,10 @@ def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
     return {}, None
 
 
-def run_max_episode_steps(source: str) -> Optional[int]:
-    """``env.max_episode_steps`` of the training run a ``--policy`` directory belongs to (see
-    :func:`run_env_config`); None when there is no run config or it sets no limit."""
-    value = run_env_config(source)[0].get("max_episode_steps")
+def run_max_episode_steps(run_env: Dict[str, Any]) -> Optional[int]:
+    """``max_episode_steps`` of a run's env section (:func:`run_env_config`); None when it sets
+    no limit."""
+    value = run_env.get("max_episode_steps")
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
@@ -631,21 +648,19 @@ for a 7-dim VLA; a gym run's ``state_keys`` fix the order of its state vector). 
 none: its protocol fixes the image size. The gym settings belong to one env, so they are taken
 only when ``--task`` is the run's ``env.env_id``."""
 
-_ENV_ID_SPECIFIC = ("kwargs", "state_keys", "image_keys")
 
-
-def run_env_overrides(req: EvalRequest, protocol: Protocol) -> Tuple[Dict[str, Any], Optional[Path]]:
-    """The settings of :data:`RUN_ENV_KEYS` the policy's training run used, where the request
-    does not set them (``env_overrides``; ``--image-size`` or a protocol image size for
-    ``sensor_size``) and the run trained on the same env family; and the run config's path."""
-    run_env, path = run_env_config(req.policy)
-    if not run_env or run_env.get("type", req.env) != req.env:
-        return {}, path
+def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings of :data:`RUN_ENV_KEYS` in the policy's run's env section ``run_env``,
+    where the request does not set them (``env_overrides``; ``--image-size`` or a protocol
+    image size for ``sensor_size``) and the run trained on the same env family (for gym: the
+    same env id)."""
+    if run_env.get("type", req.env) != req.env:
+        return {}
+    if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
+        return {}
     keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides
-            and (k not in _ENV_ID_SPECIFIC or run_env.get("env_id", req.task) == req.task)]
-    if protocol.image_size is not None and "sensor_size" in keys:
-        keys.remove("sensor_size")
-    return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}, path
+            and not (k == "sensor_size" and protocol.image_size is not None)]
+    return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}
 
 
 def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
@@ -658,12 +673,7 @@ def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
     """
     from rlinf_embodied.config import ConfigError
 
-    from rlinf_embodied.envs.configuration_gym import GymEnvConfig
-    from rlinf_embodied.envs.configuration_libero import LiberoEnvConfig
-    from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
-
-    cls = {"gym": GymEnvConfig, "libero": LiberoEnvConfig, "maniskill": ManiSkillEnvConfig}[req.env]
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(family.config_class())}
     bad = sorted(set(req.env_overrides) - names)
     if bad:
         raise EvalError(f"--env-override {', '.join(bad)}: not a {req.env} env setting; valid: "
@@ -750,14 +760,14 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     if req.num_envs < 1:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
     _check_writable(Path(req.output))
-    if req.task is None and req.env in ("gym", "maniskill"):
-        run_env, run_cfg = run_env_config(req.policy)
-        if run_env.get("type", req.env) == req.env and run_env.get("env_id"):
-            print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
-                  file=sys.stderr)
-            req = dataclasses.replace(req, task=str(run_env["env_id"]))
+    run_env, run_cfg = run_env_config(req.policy)
+    if (req.task is None and req.env in ("gym", "maniskill") and run_env.get("env_id")
+            and run_env.get("type", req.env) == req.env):
+        print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
+              file=sys.stderr)
+        req = dataclasses.replace(req, task=str(run_env["env_id"]))
     protocol = resolve_protocol(req)
-    adopted, run_cfg = run_env_overrides(req, protocol)
+    adopted = run_env_overrides(req, protocol, run_env)
     if adopted:
         print("eval: the policy's env settings from its run "
               f"({', '.join(f'{k}={v}' for k, v in adopted.items())}, {run_cfg}); recorded in "
@@ -781,7 +791,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     from rlinf_embodied.envs.registry import make_env
 
     device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    limit = (run_max_episode_steps(req.policy)
+    limit = (run_max_episode_steps(run_env)
              if family.max_steps() is None and "max_episode_steps" not in req.env_overrides else None)
     env_cfg = _checked_env_config(family, req, num_envs, num_processes, obs_mode, pending[:num_envs])
     env = (req.env_factory or make_env)(env_cfg)
