@@ -8,9 +8,14 @@ Prints one JSON line last:
 
     channel_vs_ray_ratio_1mib, channel_vs_ray_ratio_16mib   throughput ratios (target >= 1.0)
     small_items_per_s                                       small dict items through a channel
-    round_trip_64b / _4kib / _64kib                         ping-pong between the two actors:
-        p50/p90 round trip and per-hop medians (producer put, wait for the echo, echo put), ms
+    round_trip_64b / _4kib / _64kib                         ping-pong between the two actors,
+        both keys bound ``caller_reads`` (the env <-> rollout request/reply path of the
+        workflow: the thread waiting in get reads the socket): p50/p90 round trip and per-hop
+        medians (producer put, wait for the echo, echo put), ms
     small_round_trip_p50_ms                                 the worst p50 of those (target <= 0.5)
+    reader_threads_round_trip_64b / _4kib / _64kib          the same with reader threads (the
+        default binding, e.g. trajectories to the actor): one more wake-up per message
+    reader_threads_small_round_trip_p50_ms                  the worst p50 of those
 
 Usage: python benchmarks/bench_channel.py [--quick]
 """
@@ -48,8 +53,8 @@ class Producer:
             channel.put(item, key="data")
         flush_puts()  # as a Worker method would on return
 
-    def bind(self, channel, key):
-        channel.bind(key)
+    def bind(self, channel, key, caller_reads=False):
+        channel.bind(key, caller_reads=caller_reads)
 
     def ping(self, channel, nbytes, n):
         """n round trips: put on key "ping", wait for the echo on "pong". Per trip, seconds:
@@ -85,8 +90,8 @@ class Consumer:
         for _ in range(n):
             self._touch(channel.get(key="data"))
 
-    def bind(self, channel, key):
-        channel.bind(key)
+    def bind(self, channel, key, caller_reads=False):
+        channel.bind(key, caller_reads=caller_reads)
 
     def echo(self, channel, n):
         """Return n items from key "ping" on key "pong"; per trip (seconds in get, in put)."""
@@ -126,11 +131,13 @@ def channel_rate(producer, consumer, nbytes: int, n: int, tag: str) -> float:
     return n / seconds
 
 
-def round_trip(producer, consumer, nbytes: int, n: int, tag: str) -> dict:
-    """Ping-pong between the two actors through one channel: p50/p90 round trip and the per-hop
-    breakdown (medians, ms): producer put, producer wait for the echo, consumer put."""
-    channel = Channel.create(f"bench-rt-{tag}")
-    ray.get([consumer.bind.remote(channel, "ping"), producer.bind.remote(channel, "pong")])
+def round_trip(producer, consumer, nbytes: int, n: int, tag: str, caller_reads: bool) -> dict:
+    """Ping-pong between the two actors through one channel, both keys bound with
+    ``caller_reads``: p50/p90 round trip and the per-hop breakdown (medians, ms): producer put,
+    producer wait for the echo, consumer put."""
+    channel = Channel.create(f"bench-rt-{tag}-{int(caller_reads)}")
+    ray.get([consumer.bind.remote(channel, "ping", caller_reads),
+             producer.bind.remote(channel, "pong", caller_reads)])
     trips, echoes = ray.get([producer.ping.remote(channel, nbytes, n), consumer.echo.remote(channel, n)])
     channel.delete()
     trips, echoes = trips[n // 10:], echoes[n // 10:]  # drop the warm-up
@@ -172,9 +179,11 @@ def main() -> None:
     small_n = max(200, int(3000 * scale))
     result["small_items_per_s"] = round(channel_rate(producer, consumer, 0, small_n, "small"), 1)
     trips = max(100, int(1000 * scale))
-    for label, nbytes in (("64b", 0), ("4kib", 4096), ("64kib", 64 * 1024)):
-        result[f"round_trip_{label}"] = round_trip(producer, consumer, nbytes, trips, label)
-    result["small_round_trip_p50_ms"] = max(result[f"round_trip_{x}"]["p50_ms"] for x in ("64b", "4kib", "64kib"))
+    sizes = (("64b", 0), ("4kib", 4096), ("64kib", 64 * 1024))
+    for prefix, caller_reads in (("", True), ("reader_threads_", False)):
+        for label, nbytes in sizes:
+            result[f"{prefix}round_trip_{label}"] = round_trip(producer, consumer, nbytes, trips, label, caller_reads)
+        result[f"{prefix}small_round_trip_p50_ms"] = max(result[f"{prefix}round_trip_{x}"]["p50_ms"] for x, _ in sizes)
     result["loadavg"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     cluster.shutdown()
     print(json.dumps(result))

@@ -17,11 +17,13 @@ Prints one JSON line last:
 * The three pipelining figures are steady state: medians of per-rollout rates over 6 timed
   rollouts (12 without ``--quick``) after ``WARMUP_ITERATIONS`` untimed ones, for both sides
   of each ratio; every timed rate is in ``hops_stage*.steps_per_s``.
-* ``hops_stage1`` / ``hops_stage2``: per-query breakdown in ms (env put, env wait, rollout wait,
+* ``hops_stage1`` / ``hops_stage2``: per-query breakdown in ms (env step, env put, env wait, rollout wait,
   rollout forward, rollout put), and per message of each direction (``request_*``: env ->
   rollout, end-of-stream messages included; ``reply_*``: rollout -> env) the transport's parts:
   ``encode`` (producer), ``wire`` (sent to arrival: system call, wake-up, any wait in the
   socket while the consumer is busy), ``decode`` and ``handoff`` (decoded to taken by ``get``).
+* ``cold_encode_us``: one message's encode warm and right after 10 ms of other work (see
+  :func:`cold_encode_us`): the machine's price of a cold hop.
 * ``framework_iteration``: the main job's mean iteration after the first, in seconds: wall
   ``iteration_s`` and the runner's ``time/...`` parts (``rollout_s`` contains ``env_step_s`` and
   ``generate_s``, which overlap).
@@ -113,7 +115,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int, warmup: int = WARMUP_
     """Env steps/s of the rollout phase (the actor drains trajectories untimed) with ``stages``
     pipeline stages: the median over ``iterations`` timed rollouts after ``warmup`` untimed
     ones (the machine is shared: a mean takes in every preemption of either worker), and the
-    per-hop breakdown of the timed rollouts (ms per policy query): env put, env wait for the
+    per-hop breakdown of the timed rollouts (ms per policy query): env step, env put, env wait for the
     reply, rollout wait for a request, rollout forward, rollout put; ``steps_per_s``: every
     timed rollout's rate."""
     from rlinf_embodied.runners.setup import launch_groups
@@ -125,7 +127,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int, warmup: int = WARMUP_
         try:
             g.sync.push(0)
             rates = []
-            hops = dict.fromkeys(("env_put", "env_wait", "rollout_wait", "rollout_forward", "rollout_put"), 0.0)
+            hops = dict.fromkeys(("env_step", "env_put", "env_wait", "rollout_wait", "rollout_forward", "rollout_put"), 0.0)
             queries = 0
             messages = {"request": 0, "reply": 0}  # the per-message parts are per message
             for it in range(warmup + iterations):
@@ -135,6 +137,7 @@ def rollout_steps_per_s(cfg, stages: int, iterations: int, warmup: int = WARMUP_
                     rates.append(sum(s["env_steps"] for s in env_out) / (time.perf_counter() - t0))
                     queries += sum(s["queries"] for s in env_out)
                     for s in env_out:
+                        hops["env_step"] += s["env_time_s"]
                         hops["env_put"] += s["put_s"]
                         hops["env_wait"] += s["wait_s"]
                     for s in srv_out:
@@ -201,7 +204,9 @@ benchmarks/token_policy.py for why a wide plain MLP is not a fair stand-in)."""
 
 def calibrate_layers(cfg, n: int) -> tuple[int, float, float]:
     """Per-token layers of the token policy whose ``act`` on n observations takes about as long
-    as one step of n in-process envs (the regime where pipelining can approach 2x).
+    as one step of n in-process envs (the regime where pipelining can approach 2x). The env
+    steps with actions the initial policy samples from its live observations (as in a
+    rollout: 13.3 ms per step of 8 PushCube envs measured, against 10.6 ms with zero actions).
 
     Times are medians of repeated calls (the machine is shared: a mean takes in every
     preemption). Layers grow over a coarse grid until ``act`` is slower than the env step, then
@@ -228,9 +233,22 @@ def calibrate_layers(cfg, n: int) -> tuple[int, float, float]:
     torch.set_num_threads(1)
     env = make_env(dataclasses.replace(cfg.env, num_envs=n, num_processes=0))
     obs, _ = env.reset(seed=0)
-    zeros = torch.zeros(n, 1, env.action_dim)
-    env_s = median_s(lambda: env.chunk_step(zeros), 30)
     spec = SpaceSpec.from_env(env, obs)
+    torch.manual_seed(cfg.run.seed)
+    sampler = build_policy(cfg.policy, spec)
+    live = {"obs": obs}
+
+    def step() -> None:  # the policy's own sampled actions: contacts make it slower than zeros
+        with torch.no_grad():
+            actions = sampler.act(live["obs"]).actions
+        t0 = time.perf_counter()
+        live["obs"] = env.chunk_step(actions)[0]
+        times.append(time.perf_counter() - t0)
+
+    times: list[float] = []
+    for _ in range(31):
+        step()
+    env_s = statistics.median(times[1:])
     env.close()
     acts: dict[int, float] = {}
 
@@ -252,6 +270,32 @@ def calibrate_layers(cfg, n: int) -> tuple[int, float, float]:
         prev = layers
     best = min(acts, key=lambda k: abs(acts[k] - env_s))
     return best, round(1000 * env_s, 2), round(1000 * acts[best], 2)
+
+
+def cold_encode_us(reps: int = 50) -> dict:
+    """What one message costs this machine's CPU warm and cold: median microseconds to encode a
+    PolicyRequest of 16 state observations back to back (``warm``) and right after 10 ms of
+    other work (``after_10ms_work``, a policy query's rhythm: every hop of a query runs after
+    an env step, a forward or a wait). The gap is the cache and TLB refill that every hop of
+    ``query_overhead_ms`` pays; it belongs to the machine, not to the transport's code."""
+    from rlinf_embodied.runtime import transport
+    from rlinf_embodied.workers.messages import PolicyRequest
+
+    torch.set_num_threads(1)
+    req = PolicyRequest({"states": torch.randn(16, 42)}, 0, "e0s0")
+    w, x = torch.randn(256, 256), torch.randn(1024, 256)
+    warm, cold = [], []
+    for _ in range(reps):
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            x = torch.tanh(x @ w)
+        t0 = time.perf_counter()
+        transport.encode(("r0", req))
+        t1 = time.perf_counter()
+        transport.encode(("r0", req))
+        cold.append(t1 - t0)
+        warm.append(time.perf_counter() - t1)
+    return {"warm": round(1e6 * statistics.median(warm), 1), "after_10ms_work": round(1e6 * statistics.median(cold), 1)}
 
 
 def _loadavg() -> str:
@@ -297,7 +341,7 @@ def main() -> None:
                   # one stage: the env waits for every reply, so its wait beyond the forward is
                   # what a query costs the framework (transport, wake-ups, serialisation)
                   query_overhead_ms=round(hops1["env_put_ms"] + hops1["env_wait_ms"] - hops1["rollout_forward_ms"], 3),
-                  hops_stage1=hops1, hops_stage2=hops2, loadavg=_loadavg())
+                  hops_stage1=hops1, hops_stage2=hops2, cold_encode_us=cold_encode_us(), loadavg=_loadavg())
     print(json.dumps(result))
 
 
