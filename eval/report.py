@@ -291,6 +291,32 @@ def _paired(a: List[Episode], b: List[Episode]) -> Dict[str, Any]:
             "mcnemar": mcnemar(b_cnt, c_cnt)}
 
 
+TASK_ENV_SETTINGS = ("kwargs",)
+"""``env_config`` fields that change the task itself (a gym env's constructor arguments: e.g. a
+goal radius or a speed), so results that differ in them are refused like another env id."""
+
+RUN_ONLY_ENV_SETTINGS = frozenset({
+    "num_envs", "num_processes", "step_timeout_s", "reset_timeout_s", "startup_timeout_s",
+    "start_method", "threads_per_process", "video", "video_dir", "vectorization",
+    "autoreset_mode"})
+"""``env_config`` fields that change how an evaluation runs, not what any episode does."""
+
+
+def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> Tuple[List[str], List[str]]:
+    """The ``env_config`` fields in which two results' headers differ, as ``"key: A vs B"``:
+    (those that change the task, :data:`TASK_ENV_SETTINGS`; the others, e.g. ``state_keys``,
+    ``control_mode`` or ``sensor_size``, leaving out :data:`RUN_ONLY_ENV_SETTINGS`). Results
+    written before headers recorded ``env_config`` (None) differ in nothing."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return [], []
+    task, setup = [], []
+    for key in sorted(set(a) | set(b)):
+        if key in RUN_ONLY_ENV_SETTINGS or a.get(key) == b.get(key):
+            continue
+        (task if key in TASK_ENV_SETTINGS else setup).append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
+    return task, setup
+
+
 def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, os.PathLike],
             force: bool = False) -> Comparison:
     """Per-task differences and McNemar's test of B against A on shared (task, trial) pairs.
@@ -305,8 +331,9 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
 
     Raises:
         ResultsError: a path that is not a readable results file.
-        CompareError: different protocols (id or fingerprint), env or suite without
-            ``force``, or no shared (task, trial) pairs.
+        CompareError: different protocols (id or fingerprint), env, suite or task-defining
+            env settings (:data:`TASK_ENV_SETTINGS`) without ``force``, or no shared (task,
+            trial) pairs. Other differing env settings are listed in ``warnings``.
     """
     a = a if isinstance(a, ResultsFile) else ResultsFile.load(a)
     b = b if isinstance(b, ResultsFile) else ResultsFile.load(b)
@@ -337,11 +364,20 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
     for key in ("env", "suite", "env_id"):
         if a.header.get(key) != b.header.get(key):
             problems.append(f"different {key}: {a.header.get(key)!r} vs {b.header.get(key)!r}")
+    task_diffs, setup_diffs = env_config_differences(a.header.get("env_config"), b.header.get("env_config"))
+    if task_diffs:
+        problems.append("different env settings (the task itself): " + "; ".join(task_diffs))
+        advice = ("Success under other env constructor arguments is success at another task; "
+                  "re-run one evaluation with the other's --env-override, or pass --force to "
+                  "compare anyway.")
     if problems and not force:
         raise CompareError(
             f"Refusing to compare {a.path} and {b.path}: " + "; ".join(problems) + ". " + advice
         )
     warnings = [f"forced: {p}" for p in problems]
+    if setup_diffs:
+        warnings.append("the policies ran with different env settings (same task, another "
+                        "observation, controller or episode rule): " + "; ".join(setup_diffs))
     va, vb = a.header.get("versions") or {}, b.header.get("versions") or {}
     for pkg in sorted(set(va) & set(vb)):
         if va[pkg] != vb[pkg] and pkg in ("mujoco", "robosuite", "mani-skill", "sapien"):

@@ -663,6 +663,56 @@ def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, A
     return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}
 
 
+def overridden_run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``--env-override`` values that replace a different setting of the policy's run,
+    among the ``RUN_ENV_KEYS`` eval would otherwise take from it (e.g. a gym ``state_keys`` in
+    another order, which permutes the policy's inputs)."""
+    if run_env.get("type", req.env) != req.env or (
+            req.env == "gym" and run_env.get("env_id", req.task) != req.task):
+        return {}
+    return {k: v for k, v in req.env_overrides.items()
+            if k in RUN_ENV_KEYS.get(req.env, ()) and run_env.get(k) not in (None, {}, [])
+            and run_env[k] != v}
+
+
+def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
+    """Each ``--env-override`` value checked against its EnvConfig field's type through
+    OmegaConf, as ``train`` checks its overrides (``"8"`` becomes 8 for an int setting).
+
+    Raises:
+        EvalError: naming the setting, the value and the type it needs.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(family.config_class())
+    types = {f.name: f.type for f in dataclasses.fields(family.config_class())}
+    typed = {}
+    for key, value in req.env_overrides.items():
+        try:
+            typed[key] = OmegaConf.to_container(OmegaConf.merge(schema, {key: value}))[key]
+        except OmegaConfBaseException:
+            kind = getattr(types[key], "__name__", None) or str(types[key]).replace("typing.", "")
+            raise EvalError(f"--env-override {key}={value!r}: {key} needs a value of type {kind} "
+                            f"(e.g. --env-override {key}={_example(schema[key])}).") from None
+    return typed
+
+
+def _example(default: Any) -> str:
+    """A ``--env-override`` value in YAML shaped like a setting's default."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(default):
+        default = OmegaConf.to_container(default)
+    if default == {}:
+        return "'{NAME: VALUE}'"
+    if default == []:
+        return "'[A, B]'"
+    text = yaml.safe_dump(default, default_flow_style=True).strip()
+    return text[:-4].strip() if text.endswith("...") else text
+
+
 def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
     """``family.env_config(*args)``, with ``req.env_overrides`` checked first: unknown names
     and what the env config's own check refuses (``check_available``: e.g. a gym id or
@@ -678,6 +728,7 @@ def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
     if bad:
         raise EvalError(f"--env-override {', '.join(bad)}: not a {req.env} env setting; valid: "
                         f"{', '.join(sorted(names - {'type'}))}.")
+    req = family.req = dataclasses.replace(req, env_overrides=_typed_overrides(family, req))
     try:
         cfg = family.env_config(*args)
         if req.env_factory is None and hasattr(cfg, "check_available"):
@@ -768,6 +819,10 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         req = dataclasses.replace(req, task=str(run_env["env_id"]))
     protocol = resolve_protocol(req)
     adopted = run_env_overrides(req, protocol, run_env)
+    for key, value in overridden_run_settings(req, run_env).items():
+        print(f"eval: warning: --env-override {key}={value!r} differs from the policy's run "
+              f"({key}={run_env[key]!r} in {run_cfg}): the policy was trained with the run's "
+              "setting.", file=sys.stderr)
     if adopted:
         print("eval: the policy's env settings from its run "
               f"({', '.join(f'{k}={v}' for k, v in adopted.items())}, {run_cfg}); recorded in "

@@ -148,10 +148,10 @@ def _fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
-# Settings that may change on --resume without changing what an uninterrupted run would do.
+# Settings that may change on --resume without changing what an uninterrupted run would do
+# (where the run lives may not change at all: _resume_config refuses run.name/dir/output_dir).
 _RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
-                "trainer.save_every", "logging.", "eval.num_videos", "run.dir", "run.name",
-                "run.output_dir")
+                "trainer.save_every", "logging.", "eval.num_videos")
 
 
 def _self_command() -> str:
@@ -205,6 +205,14 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
                           f"resumable checkpoints yet, so start it again without --resume.")
     saved = load_config(run_dir / "config.yaml")
     cfg = load_config(run_dir / "config.yaml", overrides)
+    moved = [f"run.{k}={getattr(cfg.run, k)}" for k in ("name", "dir", "output_dir")
+             if getattr(cfg.run, k) != getattr(saved.run, k)]
+    if moved:  # the run stays in run_dir; its config.yaml would name another place
+        raise ConfigError(
+            f"--resume {resume}: {', '.join(moved)} cannot change on resume (a resumed run stays "
+            f"in {run_dir}); drop the override, or copy the run first (cp -r {run_dir} NEW) and "
+            f"resume the copy."
+        )
     if config:
         given = load_config(config, overrides)
         # where the run lives may differ; what it does (run.seed included) may not
@@ -224,7 +232,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"stopped before its first save); start it again without --resume."
         )
     done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
-    changed = [d for d in _config_diff(saved, cfg) if not d.startswith(_RESUME_SAFE)]
+    changed = [d for d in _config_diff(saved, cfg, skip=()) if not d.startswith(_RESUME_SAFE)]
     policy_changed = [d for d in changed if d.startswith("policy.")]
     if policy_changed:  # the checkpoint's weights are of the run's policy: refuse before Ray
         raise ConfigError(

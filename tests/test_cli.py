@@ -224,6 +224,23 @@ def test_resume_refuses_a_policy_change_and_leaves_the_run_as_it_was(tmp_path):
     assert ray_was_up or _no_ray()
 
 
+def test_resume_keeps_the_run_where_it_is_and_names_a_changed_seed(tmp_path):
+    run = _fake_run(tmp_path, [1])
+    before = (run / "config.yaml").read_bytes()
+    for override in ("run.name=elsewhere", f"run.dir={tmp_path / 'other'}", "run.output_dir=x"):
+        r = runner.invoke(app, ["train", "--resume", str(run), override])
+        assert r.exit_code == 2, r.output
+        out = " ".join(r.output.split())
+        assert "cannot change on resume" in out and f"cp -r {run} NEW" in out, out
+    assert (run / "config.yaml").read_bytes() == before
+    from rlinf_embodied.cli import _resume_config
+
+    _, _, ckpt = _resume_config(None, ["run.seed=99", "trainer.iterations=1"], str(run))
+    assert ckpt is None  # finished; the seed change is named among the overrides not applied
+    r = runner.invoke(app, ["train", "--resume", str(run), "run.seed=99"])
+    assert "run.seed: " in r.output and "-> 99" in r.output, r.output
+
+
 def test_resume_skips_a_truncated_checkpoint(tmp_path):
     run = _fake_run(tmp_path, [1, 2], damaged=[2])
     r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=1"])
@@ -402,3 +419,13 @@ def test_eval_env_override_sets_and_records_env_settings(tmp_path):
     assert r.exit_code == 2 and "is not KEY=VALUE" in r.output
     r = runner.invoke(app, args[:-1] + [str(tmp_path / "b.json"), "--env-override", "kwargs={dimm: 3}"])
     assert r.exit_code == 2 and "'dimm' (did you mean 'dim'?)" in r.output
+    # a value of the wrong type is one line naming the type, not a traceback
+    for bad, needs in (("num_envs=abc", "num_envs needs a value of type int"),
+                       ("kwargs=3", "kwargs needs a value of type Dict[str, Any]"),
+                       ("state_keys=pos", "state_keys needs a value of type List[str]")):
+        r = runner.invoke(app, args[:-1] + [str(tmp_path / "c.json"), "--env-override", bad])
+        assert r.exit_code == 2 and needs in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "c.json").exists()
+    r = runner.invoke(app, args[:-1] + [str(tmp_path / "d.json"), "--env-override", "success_hold_steps='2'"])
+    assert r.exit_code == 0, r.output  # a quoted number is converted, as train's overrides are
+    assert json.loads((tmp_path / "d.json").read_text())["header"]["env_config"]["success_hold_steps"] == 2

@@ -25,6 +25,27 @@ def _default_devices(cfg) -> int:
     return max(1, cfg.cluster.num_cpu_devices)
 
 
+def shared_cores_note(devices: int) -> str | None:
+    """A line for the text report when ``devices`` CPU devices (no CUDA device here) outnumber
+    this machine's cores: the cost model runs every device at its own profiled speed, so plans
+    that spread over more devices than cores predict a speed-up the cores cannot give."""
+    import os
+
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if devices <= cores:
+        return None
+    return (f"Note: {devices} CPU devices on a {cores}-core machine share its cores; the predictions "
+            f"assume each device runs at its profiled speed, so those of plans over more than "
+            f"{cores} devices are optimistic here (plan for --devices {cores}).")
+
+
 def plan_command(
     config_path: str, devices: int | None, as_json: bool, overrides: list[str]
 ) -> str:
@@ -84,6 +105,9 @@ def plan_command(
             f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages}"
             + (", offload at every switch)" if configured["offload"] else ")")
         )
+    note = shared_cores_note(n)
+    if note:
+        header.append(note)
     return report_text(result, header)
 
 

@@ -177,7 +177,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     """``rlinf-embodied plan`` for a reasoning job: the report to print."""
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
-    from rlinf_embodied.scheduler.cli_plan import _configured, _default_devices
+    from rlinf_embodied.scheduler.cli_plan import _configured, _default_devices, shared_cores_note
 
     cfg = load_config(config_path, overrides, schema=ReasoningJobConfig)
     n = devices if devices is not None else _default_devices(cfg)
@@ -197,4 +197,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     if configured is not None:
         header.append(f"Configured: placement={configured['placement']} "
                       f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})")
+    note = shared_cores_note(n)
+    if note:
+        header.append(note)
     return report_text(result, header)

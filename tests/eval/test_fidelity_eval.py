@@ -2,6 +2,7 @@
 gymnasium envs: per-query execution, returns with intervals, non-negative error bars, step
 limits."""
 
+import dataclasses
 import math
 
 import eval_helpers  # noqa: F401 (policy factories and envs by module name)
@@ -196,3 +197,16 @@ def test_a_gym_run_is_evaluated_with_its_state_key_order(tmp_path):
                                max_steps=3, output=str(tmp_path / "a.json")))
     cfg = res.header["env_config"]
     assert cfg["state_keys"] == ["state"] and cfg["image_keys"] == {"pixels": "main_images"}
+    # an explicit override of a setting the run trained with is taken (with a warning)
+    res = evaluate(EvalRequest(env="gym", task="toy/Countdown-v0", policy=str(run), obs_mode="state",
+                               trials_per_task=1, num_envs=1, num_processes=0, reports=False,
+                               max_steps=3, output=str(tmp_path / "b.json"),
+                               env_overrides={"kwargs": {"with_image": True, "length": 4}}))
+    assert res.header["env_config"]["kwargs"] == {"with_image": True, "length": 4}
+    from rlinf_embodied.eval.run import overridden_run_settings
+
+    req = EvalRequest(env="gym", task="toy/Countdown-v0", policy=str(run), env_overrides={"kwargs": {"with_image": False},
+                                                                          "state_keys": ["state"]})
+    run_env = {"type": "gym", "env_id": "toy/Countdown-v0", "kwargs": {"with_image": True}, "state_keys": ["state"]}
+    assert overridden_run_settings(req, run_env) == {"kwargs": {"with_image": False}}  # same state_keys: no warning
+    assert overridden_run_settings(dataclasses.replace(req, task="toy/PointReach-v0"), run_env) == {}

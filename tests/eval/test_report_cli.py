@@ -133,3 +133,23 @@ def test_parse_tasks_and_wiring():
     app.add_typer(eval_app, name="eval")
     res = runner.invoke(app, ["eval", "protocols"])
     assert res.exit_code == 0 and "openvla_v1@v1" in res.output
+
+
+def test_compare_refuses_other_env_kwargs_and_warns_about_other_observations(tmp_path):
+    env = {"env_id": "toy/PointReach-v0", "kwargs": {"dim": 2}, "state_keys": ["pos", "goal"],
+           "num_envs": 4, "video": False}
+    a = _results(tmp_path / "a.json", env_config=env)
+    # how the evaluation ran (num_envs, video) is no difference
+    same = _results(tmp_path / "s.json", env_config={**env, "num_envs": 1, "video": True})
+    assert compare(a, same).warnings == []
+    harder = _results(tmp_path / "k.json", env_config={**env, "kwargs": {"dim": 3}})
+    with pytest.raises(CompareError, match=r"the task itself\): kwargs: \{'dim': 2\} vs \{'dim': 3\}.*--env-override"):
+        compare(a, harder)
+    assert "forced: different env settings" in compare(a, harder, force=True).warnings[0]
+    reordered = _results(tmp_path / "o.json", env_config={**env, "state_keys": ["goal", "pos"]})
+    (w,) = compare(a, reordered).warnings
+    assert "different env settings" in w and "state_keys: ['pos', 'goal'] vs ['goal', 'pos']" in w
+    out = runner.invoke(eval_app, ["compare", str(a.path), str(reordered.path)])
+    assert out.exit_code == 0 and "WARNING: the policies ran with different env settings" in out.output
+    # results written before headers recorded env_config pair as before
+    assert compare(_results(tmp_path / "old.json"), a).warnings == []

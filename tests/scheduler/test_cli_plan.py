@@ -71,3 +71,18 @@ def test_analytic_profile_on_cpu_devices_charges_no_offload():
         assert (c.onload_s, c.offload_s) == (0.0, 0.0), name
         assert c.time_s == gpu.components[name].time_s  # only the swap costs change
     assert "CPU devices: offload costs 0 s" in cpu.source
+
+
+def test_plan_says_when_cpu_devices_outnumber_the_cores(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    job = _job(tmp_path)
+    text = plan_command(job, 4, False, [])
+    assert ("Note: 4 CPU devices on a 2-core machine share its cores" in text
+            and "plan for --devices 2" in text), text
+    assert "Note:" not in plan_command(job, 2, False, [])
+    assert "Note" not in plan_command(job, 4, True, [])  # the JSON stays the same on any machine
