@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import itertools
 import os
-import tempfile
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -903,17 +902,12 @@ def to_yaml(cfg: Any) -> str:
 
 
 def save_config(cfg: Any, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
-    """Write the resolved config into ``run_dir`` atomically (temp file, then rename)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    target = run_dir / name
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(to_yaml(cfg))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
+    """Write the resolved config into ``run_dir`` atomically (temp file, then rename; mode
+    0644 like the run's other files)."""
+    from rlinf_embodied.checkpoint import atomic_write
+
+    text = to_yaml(cfg)
+    return atomic_write(Path(run_dir) / name, lambda tmp: Path(tmp).write_text(text))
 
 
 def as_dict(cfg: Any) -> Dict[str, Any]:

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -467,17 +466,12 @@ def save_profile(run_dir: str | os.PathLike, key: str, profile: WorkflowProfile)
     Other keys already in the file are kept (one run directory may be planned for several
     configs or machines).
     """
+    from rlinf_embodied.checkpoint import atomic_write_text
+
     path = Path(run_dir) / PROFILE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     entries = _read_entries(path)
     entries[key] = json.loads(profile.to_json())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{PROFILE_FILE}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(entries, f, sort_keys=True, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, json.dumps(entries, sort_keys=True, indent=1))
 
 
 def load_profile(run_dir: str | os.PathLike, key: str) -> WorkflowProfile | None:
