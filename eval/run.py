@@ -654,21 +654,26 @@ def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, A
     where the request does not set them (``env_overrides``; ``--image-size`` or a protocol
     image size for ``sensor_size``) and the run trained on the same env family (for gym: the
     same env id)."""
-    if run_env.get("type", req.env) != req.env:
-        return {}
-    if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
+    if not _run_env_applies(req, run_env):
         return {}
     keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides
             and not (k == "sensor_size" and protocol.image_size is not None)]
     return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}
 
 
+def _run_env_applies(req: EvalRequest, run_env: Dict[str, Any]) -> bool:
+    """Whether the run's env settings belong to the evaluated env: the same family, and for
+    gym the same env id (its settings belong to one env)."""
+    if run_env.get("type", req.env) != req.env:
+        return False
+    return req.env != "gym" or run_env.get("env_id", req.task) == req.task
+
+
 def overridden_run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     """The ``--env-override`` values that replace a different setting of the policy's run,
     among the ``RUN_ENV_KEYS`` eval would otherwise take from it (e.g. a gym ``state_keys`` in
     another order, which permutes the policy's inputs)."""
-    if run_env.get("type", req.env) != req.env or (
-            req.env == "gym" and run_env.get("env_id", req.task) != req.task):
+    if not _run_env_applies(req, run_env):
         return {}
     return {k: v for k, v in req.env_overrides.items()
             if k in RUN_ENV_KEYS.get(req.env, ()) and run_env.get(k) not in (None, {}, [])
