@@ -789,6 +789,23 @@ def _open_free_dicts(node: DictConfig) -> None:
                 _open_free_dicts(child)
 
 
+def _free_dict_overrides(schema: DictConfig, overrides: List[str]) -> Dict[str, Any]:
+    """The overrides that give a whole ``Dict[str, Any]`` field (``env.kwargs={size: 16}``,
+    ``env.image_keys={}``) by dotted key: they replace the field's mapping from the YAML file
+    and the defaults instead of merging into it (``env.kwargs.size=16`` still sets one key)."""
+    out: Dict[str, Any] = {}
+    for o in overrides:
+        key, _, _ = o.lstrip("+").partition("=")
+        key = key.strip()
+        node = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
+        if not isinstance(node, DictConfig) or node._metadata.object_type not in (dict, None):
+            continue
+        value = OmegaConf.select(OmegaConf.from_dotlist([o.lstrip("+")]), key)
+        if isinstance(value, DictConfig):
+            out[key] = OmegaConf.to_container(value)
+    return out
+
+
 def _valid_keys(schema: DictConfig, full_key: str) -> List[str]:
     parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     node = OmegaConf.select(schema, parent) if parent else schema
@@ -870,6 +887,8 @@ def load_config(
     _open_free_dicts(structured)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
+        for key, value in _free_dict_overrides(structured, overrides).items():
+            OmegaConf.update(cfg, key, value, merge=False)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         cause = e

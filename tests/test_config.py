@@ -269,3 +269,16 @@ def test_fraction_check_uses_the_elastic_shard_size():
     with pytest.raises(ConfigError, match="elastic.shard_envs"):  # 2 envs a shard: round(0.4) = 0
         load_config(main, base + ["elastic.shard_envs=2"])
     assert load_config(main, base + ["elastic.shard_envs=4"]).env.num_fixed_length(4) == 1
+
+
+def test_a_mapping_override_replaces_a_free_dict_and_merges_into_a_section(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("env:\n  type: gym\n  env_id: CartPole-v1\n  num_envs: 2\n  kwargs: {a: 1, b: 2}\n"
+                   "  image_keys: {pixels: main_images}\n")
+    assert load_config(job, ["env.kwargs={c: 3}"]).env.kwargs == {"c": 3}
+    assert load_config(job, ["env.kwargs.c=3"]).env.kwargs == {"a": 1, "b": 2, "c": 3}
+    assert load_config(job, ["env.image_keys={}"]).env.image_keys == {}
+    cfg = load_config(job, ["env={num_envs: 4}"])  # a section: only num_envs changes
+    assert (cfg.env.num_envs, cfg.env.env_id, cfg.env.kwargs) == (4, "CartPole-v1", {"a": 1, "b": 2})
+    with pytest.raises(ConfigError, match="env.kwargs"):
+        load_config(job, ["env.kwargs=5"])
