@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from rlinf_embodied.eval.results import Episode, ResultsFile, summarize
+from rlinf_embodied.eval.results import Episode, ResultsFile, env_config_differences, summarize
 from rlinf_embodied.eval.stats import McNemarResult, mcnemar
 
 __all__ = [
@@ -291,32 +291,6 @@ def _paired(a: List[Episode], b: List[Episode]) -> Dict[str, Any]:
             "mcnemar": mcnemar(b_cnt, c_cnt)}
 
 
-TASK_ENV_SETTINGS = ("kwargs",)
-"""``env_config`` fields that change the task itself (a gym env's constructor arguments: e.g. a
-goal radius or a speed), so results that differ in them are refused like another env id."""
-
-RUN_ONLY_ENV_SETTINGS = frozenset({
-    "num_envs", "num_processes", "step_timeout_s", "reset_timeout_s", "startup_timeout_s",
-    "start_method", "threads_per_process", "video", "video_dir", "vectorization",
-    "autoreset_mode"})
-"""``env_config`` fields that change how an evaluation runs, not what any episode does."""
-
-
-def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> Tuple[List[str], List[str]]:
-    """The ``env_config`` fields in which two results' headers differ, as ``"key: A vs B"``:
-    (those that change the task, :data:`TASK_ENV_SETTINGS`; the others, e.g. ``state_keys``,
-    ``control_mode`` or ``sensor_size``, leaving out :data:`RUN_ONLY_ENV_SETTINGS`). Results
-    written before headers recorded ``env_config`` (None) differ in nothing."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return [], []
-    task, setup = [], []
-    for key in sorted(set(a) | set(b)):
-        if key in RUN_ONLY_ENV_SETTINGS or a.get(key) == b.get(key):
-            continue
-        (task if key in TASK_ENV_SETTINGS else setup).append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
-    return task, setup
-
-
 def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, os.PathLike],
             force: bool = False) -> Comparison:
     """Per-task differences and McNemar's test of B against A on shared (task, trial) pairs.
@@ -375,6 +349,8 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
             f"Refusing to compare {a.path} and {b.path}: " + "; ".join(problems) + ". " + advice
         )
     warnings = [f"forced: {p}" for p in problems]
+    if a.path.resolve() == b.path.resolve():
+        warnings.append(f"A and B are the same file ({a.path}): every pair agrees by construction.")
     if setup_diffs:
         warnings.append("the policies ran with different env settings (same task, another "
                         "observation, controller or episode rule): " + "; ".join(setup_diffs))

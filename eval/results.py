@@ -34,6 +34,7 @@ __all__ = [
     "ResultsError",
     "summarize",
     "RESUME_KEYS",
+    "env_config_differences",
 ]
 
 FORMAT = "rlinf-embodied-eval/1"
@@ -42,6 +43,34 @@ TaskKey = Union[int, str]
 
 RESUME_KEYS = ("env", "suite", "protocol.fingerprint", "protocol.name", "policy.sha256")
 """Header entries that must agree for a run to resume (append to) an existing results file."""
+
+
+TASK_ENV_SETTINGS = ("kwargs",)
+"""``env_config`` fields that change the task itself (a gym env's constructor arguments: e.g. a
+goal radius or a speed), so results that differ in them are refused like another env id."""
+
+RUN_ONLY_ENV_SETTINGS = frozenset({
+    "num_envs", "num_processes", "step_timeout_s", "reset_timeout_s", "startup_timeout_s",
+    "start_method", "threads_per_process", "video", "video_dir", "vectorization",
+    "autoreset_mode", "task_ids"})
+"""``env_config`` fields that change how an evaluation runs, not what any episode does
+(``task_ids``: the LIBERO tasks its envs are first built for; every episode resets to its own)."""
+
+
+def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> Tuple[List[str], List[str]]:
+    """The ``env_config`` fields in which two results' headers differ, as ``"key: A vs B"``:
+    (those that change the task, :data:`TASK_ENV_SETTINGS`; the others, e.g. ``state_keys``,
+    ``control_mode`` or ``sensor_size``, leaving out :data:`RUN_ONLY_ENV_SETTINGS`). Results
+    written before headers recorded ``env_config`` (None) differ in nothing."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return [], []
+    task, setup = [], []
+    for key in sorted(set(a) | set(b)):
+        if key in RUN_ONLY_ENV_SETTINGS or a.get(key) == b.get(key):
+            continue
+        (task if key in TASK_ENV_SETTINGS else setup).append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
+    return task, setup
+
 
 
 class ResultsError(ValueError):
@@ -220,7 +249,8 @@ class ResultsFile:
 
         Raises:
             ResultsError: the existing file was written by a different evaluation (another
-                protocol, env, suite or policy); the message names the differing entries.
+                protocol, env, suite, policy or env setting, :func:`env_config_differences`);
+                the message names the differing entries.
         """
         p = Path(path)
         if not p.exists():
@@ -231,6 +261,8 @@ class ResultsFile:
             for k in RESUME_KEYS
             if _get(old.header, k) != _get(header, k)
         ]
+        task, setup = env_config_differences(old.header.get("env_config"), header.get("env_config"))
+        diffs += [f"env_config {d.replace(' vs ', ' in the file vs ', 1)} now" for d in task + setup]
         if diffs:
             raise ResultsError(
                 f"Cannot resume {p}: it holds results of a different evaluation ("

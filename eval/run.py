@@ -718,6 +718,10 @@ def _example(default: Any) -> str:
     return text[:-4].strip() if text.endswith("...") else text
 
 
+FLAG_ENV_SETTINGS = {"num_envs": "--num-envs", "num_processes": "--num-processes", "video": "--video"}
+"""Env settings that eval sets from its own flags, so ``--env-override`` refuses them."""
+
+
 def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
     """``family.env_config(*args)``, with ``req.env_overrides`` checked first: unknown names
     and what the env config's own check refuses (``check_available``: e.g. a gym id or
@@ -728,6 +732,10 @@ def _checked_env_config(family: _Family, req: EvalRequest, *args) -> Any:
     """
     from rlinf_embodied.config import ConfigError
 
+    flagged = sorted(set(req.env_overrides) & set(FLAG_ENV_SETTINGS))
+    if flagged:
+        raise EvalError(f"--env-override {flagged[0]}: set it with {FLAG_ENV_SETTINGS[flagged[0]]} "
+                        "instead (an override would silently win over the flag).")
     names = {f.name for f in dataclasses.fields(family.config_class())}
     bad = sorted(set(req.env_overrides) - names)
     if bad:
@@ -824,10 +832,6 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         req = dataclasses.replace(req, task=str(run_env["env_id"]))
     protocol = resolve_protocol(req)
     adopted = run_env_overrides(req, protocol, run_env)
-    for key, value in overridden_run_settings(req, run_env).items():
-        print(f"eval: warning: --env-override {key}={value!r} differs from the policy's run "
-              f"({key}={run_env[key]!r} in {run_cfg}): the policy was trained with the run's "
-              "setting.", file=sys.stderr)
     if adopted:
         print("eval: the policy's env settings from its run "
               f"({', '.join(f'{k}={v}' for k, v in adopted.items())}, {run_cfg}); recorded in "
@@ -854,6 +858,10 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     limit = (run_max_episode_steps(run_env)
              if family.max_steps() is None and "max_episode_steps" not in req.env_overrides else None)
     env_cfg = _checked_env_config(family, req, num_envs, num_processes, obs_mode, pending[:num_envs])
+    for key, value in overridden_run_settings(family.req, run_env).items():
+        print(f"eval: warning: --env-override {key}={value!r} differs from the policy's run "
+              f"({key}={run_env[key]!r} in {run_cfg}): the policy was trained with the run's "
+              "setting.", file=sys.stderr)
     env = (req.env_factory or make_env)(env_cfg)
     if limit is not None and env.max_episode_steps != limit:
         # The run's own env.max_episode_steps where it differs from the env's registered limit
@@ -912,7 +920,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         pending = [p for p in pairs if p not in results.done_pairs()]
         if results.episodes:
             print(f"resuming {output}: {len(results.episodes)} of {len(pairs)} episodes are there "
-                  "already (same protocol and policy weights); pass another --output to start over.",
+                  "already (same protocol, policy weights and env settings); pass another --output to start over.",
                   file=sys.stderr)
         if not output.exists():
             results.save()  # the header is on disk before the first episode

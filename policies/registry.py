@@ -192,7 +192,9 @@ def _load_weights(policy: Policy, directory: Path, saved_cfg: PolicyConfig) -> N
     except Exception as e:  # noqa: BLE001 - SafetensorError (truncated / not safetensors), OSError
         raise PolicyCheckpointError(
             f"{directory / WEIGHTS_FILE} cannot be read ({str(e).strip().splitlines()[0]}); the "
-            f"file is damaged or truncated: use another checkpoint of the run."
+            f"file is damaged or truncated: use another checkpoint of the run (its "
+            f"checkpoints/iter_N directories: eval --policy RUN/checkpoints/iter_N, or "
+            f"policy.checkpoint=RUN/checkpoints/iter_N/policy)."
         ) from None
     try:
         policy.load_state_dict(state, strict=True)

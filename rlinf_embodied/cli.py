@@ -6,6 +6,7 @@ import a simulator or a large model.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -376,7 +377,7 @@ def train(
             _report_saved(None, run_dir, "interrupted")
             raise typer.Exit(130)
         except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
-            _fail(_short_error(e), code=1)
+            _fail(_short_error(e) + _start_hint(e), code=1)
         try:
             runner.run()
         except KeyboardInterrupt:  # a Ctrl-C while the workers shut down
@@ -392,6 +393,17 @@ def train(
             raise typer.Exit(130)
     finally:
         signals.restore()
+
+
+def _start_hint(e: Exception) -> str:
+    """What to do about a failed start that is not the job's fault: Ray's embedded cluster
+    timing out on a busy machine (its raylet or GCS did not come up in time)."""
+    if "timed out during startup" not in str(e):
+        return ""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"\n  Ray could not start its local cluster in time (1-minute load average {load:.1f} "
+            f"on {os.cpu_count()} cores); run the same command again when the machine is less "
+            f"busy.")
 
 
 def _short_error(e: Exception) -> str:

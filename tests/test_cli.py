@@ -420,12 +420,23 @@ def test_eval_env_override_sets_and_records_env_settings(tmp_path):
     r = runner.invoke(app, args[:-1] + [str(tmp_path / "b.json"), "--env-override", "kwargs={dimm: 3}"])
     assert r.exit_code == 2 and "'dimm' (did you mean 'dim'?)" in r.output
     # a value of the wrong type is one line naming the type, not a traceback
-    for bad, needs in (("num_envs=abc", "num_envs needs a value of type int"),
+    for bad, needs in (("success_hold_steps=abc", "success_hold_steps needs a value of type int"),
                        ("kwargs=3", "kwargs needs a value of type Dict[str, Any]"),
                        ("state_keys=pos", "state_keys needs a value of type List[str]")):
         r = runner.invoke(app, args[:-1] + [str(tmp_path / "c.json"), "--env-override", bad])
         assert r.exit_code == 2 and needs in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "c.json").exists()
+    r = runner.invoke(app, args[:-1] + [str(tmp_path / "c.json"), "--env-override", "num_envs=3"])
+    assert r.exit_code == 2 and "set it with --num-envs instead" in r.output, r.output
     r = runner.invoke(app, args[:-1] + [str(tmp_path / "d.json"), "--env-override", "success_hold_steps='2'"])
     assert r.exit_code == 0, r.output  # a quoted number is converted, as train's overrides are
     assert json.loads((tmp_path / "d.json").read_text())["header"]["env_config"]["success_hold_steps"] == 2
+
+
+def test_a_ray_start_timeout_says_to_retry():
+    from rlinf_embodied.cli import _start_hint
+
+    hint = _start_hint(Exception("The current node timed out during startup. This could happen "
+                                 "because some of the raylet failed to startup"))
+    assert "Ray could not start its local cluster in time" in hint and "run the same command again" in hint
+    assert _start_hint(ValueError("env worker failed")) == ""

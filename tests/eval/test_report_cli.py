@@ -153,3 +153,5 @@ def test_compare_refuses_other_env_kwargs_and_warns_about_other_observations(tmp
     assert out.exit_code == 0 and "WARNING: the policies ran with different env settings" in out.output
     # results written before headers recorded env_config pair as before
     assert compare(_results(tmp_path / "old.json"), a).warnings == []
+    (w,) = compare(a, a.path).warnings
+    assert "A and B are the same file" in w

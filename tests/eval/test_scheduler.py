@@ -71,6 +71,11 @@ def test_resume_after_interrupt_runs_only_missing_pairs(tmp_path):
     # Resuming with another policy is refused.
     with pytest.raises(ResultsError, match="policy.sha256"):
         evaluate(_req(tmp_path, "r.json", policy="eval_helpers:zero"))
+    # So is resuming under other env settings: the recorded episodes ran under the old ones
+    before = (tmp_path / "r.json").read_bytes()
+    with pytest.raises(ResultsError, match=r"env_config kwargs: \{\} in the file vs \{'dim': 3\} now"):
+        evaluate(_req(tmp_path, "r.json", policy="eval_helpers:flaky", env_overrides={"kwargs": {"dim": 3}}))
+    assert (tmp_path / "r.json").read_bytes() == before
 
 
 def test_resume_after_kill(tmp_path):
