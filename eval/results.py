@@ -72,7 +72,6 @@ def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, An
     return task, setup
 
 
-
 class ResultsError(ValueError):
     """A results file is missing, unreadable or belongs to another evaluation."""
 
