@@ -96,7 +96,8 @@ def parse_env_overrides(items: List[str]) -> dict:
 @eval_app.callback(invoke_without_command=True)
 def eval_command(
     ctx: typer.Context,
-    env: Optional[str] = typer.Option(None, "--env", help="libero, maniskill or gym."),
+    env: Optional[str] = typer.Option(
+        None, "--env", help="libero, maniskill or gym (default for a training run's --policy: its env.type)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="LIBERO suite, e.g. libero_spatial."),
     task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1."),
     policy: Optional[str] = typer.Option(
@@ -143,6 +144,13 @@ def eval_command(
     """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
     if ctx.invoked_subcommand is not None:
         return
+    if env is None and policy is not None:  # a training run names its own env type
+        from rlinf_embodied.eval.run import run_env_config
+
+        run_env, run_cfg = run_env_config(policy)
+        if run_env.get("type") in ("libero", "maniskill", "gym"):
+            env = str(run_env["type"])
+            typer.echo(f"eval: --env {env} (the env type of the policy's run, {run_cfg}).", err=True)
     if env is None or policy is None:
         if env is None and policy is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes

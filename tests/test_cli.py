@@ -407,6 +407,17 @@ def test_vllm_backend_outside_its_venv_names_the_venv(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
 
 
+def test_eval_of_a_run_takes_its_env_type_when_env_is_left_out(tmp_path):
+    run = _fake_run(tmp_path, [1])
+    r = runner.invoke(app, ["eval", "--policy", str(run), "--trials-per-task", "1", "--output",
+                            str(tmp_path / "r.json"), "--env-override", "nonsense=1"])
+    # the env type came from the run (gym here), so the next check is about gym's settings
+    assert "eval: --env gym (the env type of the policy's run" in r.output, r.output
+    assert r.exit_code == 2 and "not a gym env setting" in r.output, r.output
+    r = runner.invoke(app, ["eval", "--policy", "random"])
+    assert r.exit_code == 2 and "--env is required" in r.output
+
+
 def test_eval_env_override_sets_and_records_env_settings(tmp_path):
     out = tmp_path / "r.json"
     args = ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random", "--trials-per-task", "2",
