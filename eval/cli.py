@@ -144,17 +144,10 @@ def eval_command(
     """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
     if ctx.invoked_subcommand is not None:
         return
-    if env is None and policy is not None:  # a training run names its own env type
-        from rlinf_embodied.eval.run import run_env_config
-
-        run_env, run_cfg = run_env_config(policy)
-        if run_env.get("type") in ("libero", "maniskill", "gym"):
-            env = str(run_env["type"])
-            typer.echo(f"eval: --env {env} (the env type of the policy's run, {run_cfg}).", err=True)
-    if env is None or policy is None:
-        if env is None and policy is None:
+    if policy is None:  # without --env too: a training run given as --policy names its env
+        if env is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes
-        missing = " and ".join(f for f, v in (("--env", env), ("--policy", policy)) if v is None)
+        missing = "--policy" if env is not None else "--env and --policy"
         example = ("--env maniskill --task PushCube-v1" if env == "maniskill"
                    else "--env libero --suite libero_spatial")
         _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. {example} "

@@ -76,7 +76,8 @@ class EvalRequest:
     """One evaluation, as given on the command line.
 
     Attributes:
-        env: env family, ``libero``, ``maniskill`` or ``gym``.
+        env: env family, ``libero``, ``maniskill`` or ``gym``; None takes the ``env.type`` of
+            the training run ``policy`` is (:class:`EvalError` if it is none).
         policy: ``--policy`` SOURCE (see :mod:`rlinf_embodied.eval.sources`).
         suite: LIBERO suite (``libero_spatial`` ...).
         task: ManiSkill / gymnasium env id (``PushCube-v1``).
@@ -107,7 +108,7 @@ class EvalRequest:
         progress: called as ``progress(done, total, episode)`` after each finished episode.
     """
 
-    env: str
+    env: Optional[str]
     policy: str
     suite: Optional[str] = None
     task: Optional[str] = None
@@ -649,35 +650,30 @@ none: its protocol fixes the image size. The gym settings belong to one env, so 
 only when ``--task`` is the run's ``env.env_id``."""
 
 
-def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:
-    """The settings of :data:`RUN_ENV_KEYS` in the policy's run's env section ``run_env``,
-    where the request does not set them (``env_overrides``; ``--image-size`` or a protocol
-    image size for ``sensor_size``) and the run trained on the same env family (for gym: the
-    same env id)."""
-    if not _run_env_applies(req, run_env):
-        return {}
-    keys = [k for k in RUN_ENV_KEYS.get(req.env, ()) if k in run_env and k not in req.env_overrides
-            and not (k == "sensor_size" and protocol.image_size is not None)]
-    return {k: run_env[k] for k in keys if run_env[k] not in (None, {}, [])}
-
-
-def _run_env_applies(req: EvalRequest, run_env: Dict[str, Any]) -> bool:
-    """Whether the run's env settings belong to the evaluated env: the same family, and for
-    gym the same env id (its settings belong to one env)."""
+def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The :data:`RUN_ENV_KEYS` settings the policy's run set (empty ones left out), when they
+    belong to the evaluated env: the same family, and for gym the same env id."""
     if run_env.get("type", req.env) != req.env:
-        return False
-    return req.env != "gym" or run_env.get("env_id", req.task) == req.task
+        return {}
+    if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
+        return {}
+    return {k: run_env[k] for k in RUN_ENV_KEYS.get(req.env, ())
+            if run_env.get(k) not in (None, {}, [])}
+
+
+def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's settings (:func:`_run_settings` of its env section ``run_env``) that the
+    request does not set (``env_overrides``; ``--image-size`` or a protocol image size for
+    ``sensor_size``)."""
+    return {k: v for k, v in _run_settings(req, run_env).items() if k not in req.env_overrides
+            and not (k == "sensor_size" and protocol.image_size is not None)}
 
 
 def overridden_run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
-    """The ``--env-override`` values that replace a different setting of the policy's run,
-    among the ``RUN_ENV_KEYS`` eval would otherwise take from it (e.g. a gym ``state_keys`` in
-    another order, which permutes the policy's inputs)."""
-    if not _run_env_applies(req, run_env):
-        return {}
-    return {k: v for k, v in req.env_overrides.items()
-            if k in RUN_ENV_KEYS.get(req.env, ()) and run_env.get(k) not in (None, {}, [])
-            and run_env[k] != v}
+    """The ``--env-override`` values that replace a different setting of the policy's run
+    (e.g. a gym ``state_keys`` in another order, which permutes the policy's inputs)."""
+    return {k: req.env_overrides[k] for k, v in _run_settings(req, run_env).items()
+            if k in req.env_overrides and req.env_overrides[k] != v}
 
 
 def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
@@ -690,14 +686,15 @@ def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from rlinf_embodied.config import _field_type_name
+
     schema = OmegaConf.structured(family.config_class())
-    types = {f.name: f.type for f in dataclasses.fields(family.config_class())}
     typed = {}
     for key, value in req.env_overrides.items():
         try:
             typed[key] = OmegaConf.to_container(OmegaConf.merge(schema, {key: value}))[key]
         except OmegaConfBaseException:
-            kind = getattr(types[key], "__name__", None) or str(types[key]).replace("typing.", "")
+            kind = _field_type_name(family.config_class(), key)
             raise EvalError(f"--env-override {key}={value!r}: {key} needs a value of type {kind} "
                             f"(e.g. --env-override {key}={_example(schema[key])}).") from None
     return typed
@@ -825,6 +822,13 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
     _check_writable(Path(req.output))
     run_env, run_cfg = run_env_config(req.policy)
+    if req.env is None:  # a training run names its own env type
+        if run_env.get("type") not in _FAMILIES:
+            raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
+                            "--policy is a training run.")
+        print(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).",
+              file=sys.stderr)
+        req = dataclasses.replace(req, env=str(run_env["type"]))
     if (req.task is None and req.env in ("gym", "maniskill") and run_env.get("env_id")
             and run_env.get("type", req.env) == req.env):
         print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",

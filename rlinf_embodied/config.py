@@ -789,19 +789,18 @@ def _open_free_dicts(node: DictConfig) -> None:
                 _open_free_dicts(child)
 
 
-def _free_dict_overrides(schema: DictConfig, overrides: List[str]) -> Dict[str, Any]:
+def _free_dict_overrides(schema: DictConfig, overrides: List[str], parsed: DictConfig) -> Dict[str, Any]:
     """The overrides that give a whole ``Dict[str, Any]`` field (``env.kwargs={size: 16}``,
-    ``env.image_keys={}``) by dotted key: they replace the field's mapping from the YAML file
-    and the defaults instead of merging into it (``env.kwargs.size=16`` still sets one key)."""
+    ``env.image_keys={}``), by dotted key with their value from ``parsed`` (the parsed
+    overrides): they replace the field's mapping from the YAML file and the defaults instead of
+    merging into it (``env.kwargs.size=16`` still sets one key)."""
     out: Dict[str, Any] = {}
     for o in overrides:
-        key, _, _ = o.lstrip("+").partition("=")
-        key = key.strip()
+        key = o.lstrip("+").partition("=")[0].strip()
         node = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
-        if not isinstance(node, DictConfig) or node._metadata.object_type not in (dict, None):
-            continue
-        value = OmegaConf.select(OmegaConf.from_dotlist([o.lstrip("+")]), key)
-        if isinstance(value, DictConfig):
+        value = OmegaConf.select(parsed, key, default=None)
+        if (isinstance(node, DictConfig) and node._metadata.object_type in (dict, None)
+                and isinstance(value, DictConfig)):
             out[key] = OmegaConf.to_container(value)
     return out
 
@@ -887,7 +886,7 @@ def load_config(
     _open_free_dicts(structured)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
-        for key, value in _free_dict_overrides(structured, overrides).items():
+        for key, value in _free_dict_overrides(structured, overrides, ov).items():
             OmegaConf.update(cfg, key, value, merge=False)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -923,10 +922,9 @@ def to_yaml(cfg: Any) -> str:
 def save_config(cfg: Any, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
     """Write the resolved config into ``run_dir`` atomically (temp file, then rename; mode
     0644 like the run's other files)."""
-    from rlinf_embodied.checkpoint import atomic_write
+    from rlinf_embodied.checkpoint import atomic_write_text
 
-    text = to_yaml(cfg)
-    return atomic_write(Path(run_dir) / name, lambda tmp: Path(tmp).write_text(text))
+    return atomic_write_text(Path(run_dir) / name, to_yaml(cfg))
 
 
 def as_dict(cfg: Any) -> Dict[str, Any]:
