@@ -116,7 +116,17 @@ def graph_from_config(cfg: Any) -> WorkflowGraph:
         obs_tensors=obs_t,
         action_tensors=reply_t,
         sample_tensors=sample_t,
+        shards=_shards(cfg),
     )
+
+
+def _shards(cfg: Any) -> int | None:
+    """What the runtime splits evenly over env and actor ranks: the GRPO groups of the job's
+    envs (its envs without groups); None when the groups do not divide the envs (the job's
+    own check refuses that config)."""
+    g = max(1, int(getattr(getattr(cfg, "algorithm", None), "group_size", 1) or 1))
+    n = int(cfg.env.num_envs)
+    return n // g if n % g == 0 else None
 
 
 def message_sizes(cfg: Any, micro_batch_options: Sequence[int] | None = None) -> list[float]:

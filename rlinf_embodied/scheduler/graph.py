@@ -25,13 +25,19 @@ class Node:
         name: Worker group name; must match a component profile.
         items: Items processed per round (envs stepped, observations forwarded, samples trained).
         rounds: Sequential rounds per iteration (T env steps for env/rollout; 1 for the actor).
+        shards: Units the runtime splits evenly over the group's ranks (the job's envs, or its
+            GRPO groups): its rank count, times the micro-batches in a cycle, must divide it
+            (``runners.setup.check_divisibility``); None allows any split.
     """
 
     name: str
     items: int
     rounds: int = 1
+    shards: int | None = None
 
     def __post_init__(self):
+        if self.shards is not None and self.shards < 1:
+            raise ValueError(f"Node {self.name!r} needs shards >= 1 or None (got {self.shards}).")
         if self.items < 1 or self.rounds < 1:
             raise ValueError(
                 f"Node {self.name!r} needs items >= 1 and rounds >= 1 "
@@ -73,6 +79,7 @@ class Stage:
             (``ring_bytes[i]`` goes from ``members[i]`` to the next member).
         in_tensors: Tensors of the message(s) entering from earlier stages.
         ring_tensors: For a cycle, tensors per message along each ring edge (member order).
+        shards: :attr:`Node.shards` of every member, in member order.
     """
 
     members: tuple[str, ...]
@@ -82,6 +89,7 @@ class Stage:
     ring_bytes: tuple[float, ...] = ()
     in_tensors: int = 1
     ring_tensors: tuple[int, ...] = ()
+    shards: tuple[int | None, ...] = ()
 
     @property
     def is_cycle(self) -> bool:
@@ -199,7 +207,7 @@ class WorkflowGraph:
             ring = tuple(e.bytes_per_item if e else 0.0 for e in nxt)
             ring_tensors = tuple(e.tensors if e else 1 for e in nxt)
         return Stage(tuple(members), nodes[0].items, nodes[0].rounds, in_bytes, ring,
-                     max(1, in_tensors), ring_tensors)
+                     max(1, in_tensors), ring_tensors, tuple(n.shards for n in nodes))
 
 
 def embodied_graph(
@@ -213,6 +221,7 @@ def embodied_graph(
     obs_tensors: int = 1,
     action_tensors: int = 1,
     sample_tensors: int = 1,
+    shards: int | None = None,
 ) -> WorkflowGraph:
     """The embodied PPO/GRPO workflow of the paper (section 2.2, Figure 14 workloads).
 
@@ -233,6 +242,9 @@ def embodied_graph(
         obs_tensors: Tensors in one observation message.
         action_tensors: Tensors in one action-chunk reply.
         sample_tensors: Tensors in the trajectory message.
+        shards: When given (the job's ``env.num_envs / algorithm.group_size``), the env and
+            actor groups only get rank counts that split it evenly, as the runtime requires
+            (:attr:`Node.shards`); None plans any split (the cost model averages uneven shares).
 
     Returns:
         Graph with nodes ``env``, ``rollout`` (the cycle) and ``actor``. The ring is entered at
@@ -241,10 +253,10 @@ def embodied_graph(
     """
     return WorkflowGraph(
         nodes=(
-            Node("env", num_envs, rollout_steps),
+            Node("env", num_envs, rollout_steps, shards),
             Node("rollout", num_envs, rollout_steps),
             Node("actor", -(-num_envs * rollout_steps // max(1, num_minibatches)),
-                 update_epochs * max(1, num_minibatches)),
+                 update_epochs * max(1, num_minibatches), shards),
         ),
         edges=(
             Edge("rollout", "env", action_bytes, tensors=action_tensors),

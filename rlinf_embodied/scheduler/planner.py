@@ -96,6 +96,7 @@ class PlanResult:
         rejected: Mode -> why no feasible plan of that mode exists (modes with none).
         search_s: Seconds the search took.
         profile_source: ``WorkflowProfile.source`` of the profile used.
+        notes: Sentences for the report (e.g. that the plan leaves devices idle).
     """
 
     devices: int
@@ -213,6 +214,10 @@ class _Search:
 
     def _single(self, st: Stage, d: int, best, why) -> None:
         if not st.is_cycle:
+            reason = _uneven(st, (d,), 1)
+            if reason:
+                why.setdefault("single", reason)
+                return
             n = -(-st.items // d)
             sizes = {b for b in self.cost.profile[st.members[0]].batch_sizes if b < n} | {n}
             for b in sorted(sizes, reverse=True):  # on equal time keep the larger batch
@@ -231,7 +236,10 @@ class _Search:
                 )
 
     def _try(self, plan: Plan, mode: str, best, why) -> None:
-        reason = self.cost.infeasible_reason(plan)
+        reason = None
+        if isinstance(plan, Cycle):
+            reason = _uneven(plan.stage, plan.member_devices(), plan.micro_batches)
+        reason = reason or self.cost.infeasible_reason(plan)
         if reason is None:
             self._offer(best, mode, plan)
         else:
@@ -281,6 +289,28 @@ class _Search:
 
         for dl in _split_candidates(d, self.opts.exhaustive_devices, split):
             split(dl)
+
+
+def _uneven(st: Stage, devices: Sequence[int], micro_batches: int) -> str | None:
+    """Why the runtime cannot run ``st`` with ``devices`` per member (one rank each) and
+    ``micro_batches`` streams per rank: a member's :attr:`~.graph.Node.shards` that does not
+    split evenly; None when every member's does."""
+    for name, shards, d in zip(st.members, st.shards, devices):
+        if shards is not None and shards % (d * micro_batches):
+            streams = f"{d} rank(s) x {micro_batches} pipeline stage(s)" if st.is_cycle else f"{d} rank(s)"
+            return (f"{name} on {d} device(s): its {shards} envs (or GRPO groups) do not split "
+                    f"evenly over {streams}")
+    return None
+
+
+def max_useful_devices(graph: WorkflowGraph) -> int:
+    """The most devices a plan of ``graph`` can give work to: every stage on its own devices,
+    each member on at most as many as it has shards (else items). Plans over more devices
+    only leave the extra ones idle (or, with shards, cannot run at all)."""
+    total = 0
+    for st in graph.stages():
+        total += sum(sh if sh is not None else st.items for sh in st.shards or (None,) * len(st.members))
+    return max(1, total)
 
 
 def _split_candidates(d: int, exhaustive: int, evaluate) -> list[int]:
@@ -335,13 +365,25 @@ def search(
     start = time.perf_counter()
     s = _Search(graph, profile, options)
     last = len(s.stages) - 1
-    roots: list = []
-    best, why = s.solve(0, last, devices, collect=roots if last > 0 else None)
+    # Plans use every device they are given; beyond what the job can give work to (or where
+    # its envs do not split evenly over every device) fewer devices are planned, the rest idle.
+    first_why = None
+    for used in range(min(devices, max_useful_devices(graph)), 0, -1):
+        roots: list = []
+        best, why = s.solve(0, last, used, collect=roots if last > 0 else None)
+        first_why = first_why or why
+        if best:
+            break
     if last == 0:
         roots = [(m, p) for m, (_, p) in best.items()]
     if not best:
-        reasons = "; ".join(f"{m}: {r}" for m, r in sorted(why.items()))
+        reasons = "; ".join(f"{m}: {r}" for m, r in sorted(first_why.items()))
         raise ValueError(f"No execution plan fits on {devices} devices ({reasons}).")
+    notes = []
+    if used < devices:
+        notes.append(f"the plan uses {used} of the {devices} devices (the job cannot give work "
+                     f"to more: its envs split evenly over its env and actor ranks); the rest "
+                     f"stay idle")
     # Rank root plans by time; ties broken by a canonical description for stable output.
     ranked = sorted(
         {p: s.cost.time(p) for m, p in roots if s.fits(p)}.items(), key=lambda kv: kv[1]
@@ -375,6 +417,7 @@ def search(
         rejected=rejected,
         search_s=time.perf_counter() - start,
         profile_source=profile.source,
+        notes=notes,
     )
 
 
@@ -399,6 +442,7 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
     lines = list(header)
     lines.append(f"Profile: {result.profile_source}")
     lines.append(f"Devices: {result.devices}")
+    lines.extend(f"Note: {n}" for n in result.notes)
     lines.append("")
     lines.append(f"Chosen: {_plan_line(b)}")
     lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
@@ -455,6 +499,7 @@ def report_json(result: PlanResult, extra: dict | None = None) -> str:
         "runner_ups": [cand(c) for c in result.runner_ups()],
         "rejected": dict(sorted(result.rejected.items())),
         "why": _why(result),
+        **({"notes": result.notes} if result.notes else {}),
         **(extra or {}),
     }
     return json.dumps(out, sort_keys=True, indent=2)

@@ -1,5 +1,6 @@
 """`plan` backend: stable output, JSON, cached profiles."""
 
+import dataclasses
 import json
 
 from rlinf_embodied.config import load_config
@@ -86,3 +87,25 @@ def test_plan_says_when_cpu_devices_outnumber_the_cores(tmp_path, monkeypatch):
             and "plan for --devices 2" in text), text
     assert "Note:" not in plan_command(job, 2, False, [])
     assert "Note" not in plan_command(job, 4, True, [])  # the JSON stays the same on any machine
+
+
+def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_path):
+    # 16 envs: 3 or 5 env ranks would be refused by the runtime at start (the planner once
+    # chose them); beyond 48 devices no plan can give every device work
+    from rlinf_embodied.runners.setup import check_divisibility
+    from rlinf_embodied.runtime.placement import PlacementPlan
+
+    main = "configs/maniskill_pushcube_ppo_mlp.yaml"
+    cfg = load_config(main)
+    for devices in (3, 5, 7, 1000):
+        out = json.loads(plan_command(main, devices, True, []))
+        for cand in [out["chosen"], *out["runner_ups"]]:
+            place = PlacementPlan.from_dict(cand["placement"])
+            ranks = {g: len(place.device_ids(g, devices)) for g in ("env", "actor")}
+            stages = cand["granularity"]["pipeline_stages"]
+            job = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
+            check_divisibility(job, ranks["env"], ranks["actor"])  # raises when refused
+        assert ("notes" in out) == (devices == 1000), out.get("notes")
+    text = plan_command(main, 1000, False, [])
+    assert "Note: the plan uses 48 of the 1000 devices" in text, text
+    assert "temporal rejected: env on 48 device(s): its 16 envs" in text, text
