@@ -259,7 +259,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
         after = lr_lambda(t_new.lr_schedule, t_new.iterations)(done)
         _warn(f"trainer.lr_schedule={t_new.lr_schedule} spans trainer.iterations: changing it "
               f"from {t_old.iterations} to {t_new.iterations} moves the schedule, so the LR at "
-              f"iteration {done} becomes {after:.3f} x trainer.lr instead of {before:.3f} x.")
+              f"iteration {done + 1} (the first resumed one) becomes {after:.3f} x trainer.lr instead of {before:.3f} x.")
     return cfg, run_dir, ckpt
 
 

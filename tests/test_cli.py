@@ -282,6 +282,7 @@ def test_resume_warns_when_the_lr_schedule_moves(tmp_path, capsys):
     assert ckpt.name == "iter_000010" and cfg.trainer.iterations == 40
     # linear: 1 - 10/20 = 0.5 before, 1 - 10/40 = 0.75 after
     assert "lr_schedule=linear" in err and "0.750 x trainer.lr instead of 0.500" in err, err
+    assert "LR at iteration 11 (the first resumed one)" in err, err  # 1-based, as the log
     _resume_config(None, ["trainer.iterations=40", "trainer.lr_schedule=constant"], str(run))
     assert "lr_schedule" not in capsys.readouterr().err.split("changed settings")[-1].split(";")[-1]
 
