@@ -129,6 +129,7 @@ def train_in_process(config: str, run_dir: Path, overrides: list[str]) -> dict:
     log = open(run_dir / "metrics.jsonl", "w")
     steps, t0 = 0, time.perf_counter()
     for it in range(t.iterations):
+        env.set_success_hold_steps(cfg.env.hold_steps_at(it))
         obs, _ = env.reset(seed=cfg.run.seed * 1_000_000 + it * 1_000)
         batch, obs, n = rollout_batch(policy, env, obs, t.rollout_steps)
         steps += n

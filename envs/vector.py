@@ -155,6 +155,18 @@ class VectorBatchedEnv(BatchedEnv):
         self._check_open()
         return self._backend.call(name, self._ids(env_ids), *args)
 
+    def set_success_hold_steps(self, steps: int) -> None:
+        """From the next step on, a successful termination ends an episode once success has
+        held ``steps`` consecutive steps (``env.success_hold_steps``; the trainer's
+        ``env.success_hold_ramp`` sets it per rollout). Episodes under way keep their count.
+
+        Raises:
+            ValueError: ``steps`` < 1.
+        """
+        if int(steps) < 1:
+            raise ValueError(f"success hold must be >= 1 step (got {steps}).")
+        self._hold_steps = int(steps)
+
     @property
     def num_env_errors(self) -> int:
         """Worker crashes and timeouts so far (each ended one or more episodes)."""

@@ -152,7 +152,7 @@ def _fresh_run_dir(path: Path) -> Path:
 # Settings that may change on --resume without changing what an uninterrupted run would do
 # (where the run lives may not change at all: _resume_config refuses run.name/dir/output_dir).
 _RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
-                "trainer.save_every", "logging.", "eval.num_videos")
+                "trainer.save_every", "trainer.keep_checkpoints", "logging.", "eval.num_videos")
 
 
 def _self_command() -> str:

@@ -170,6 +170,13 @@ class EnvConfig:
     LIBERO, gymnasium). Training only: evaluation runs fixed-length; refused with
     ``ignore_terminations=true``, where it does nothing. Measured on PushCube in README,
     "Training"."""
+    success_hold_ramp: Optional[List[int]] = None
+    """``[a, b]``: training iterations (0-based) over which the hold grows from 1 to
+    ``success_hold_steps``: 1 before iteration a (episodes end at their first success, which
+    learns fastest), ``success_hold_steps`` from iteration b on, linear (rounded) in between
+    (:meth:`hold_steps_at`; logged as ``rollout/success_hold_steps``). None: the full hold
+    from the start. Needs ``success_hold_steps`` above 1. Measured on PushCube in README,
+    "Training"."""
     seed: Optional[int] = None
     """Base seed of env resets; None derives it from ``run.seed``."""
     num_processes: int = 1
@@ -203,6 +210,18 @@ class EnvConfig:
             ConfigError: naming the problem and the fix.
         """
 
+    def hold_steps_at(self, iteration: int) -> int:
+        """The success hold (``success_hold_steps`` under ``success_hold_ramp``) of the
+        rollout of training iteration ``iteration`` (0-based)."""
+        if self.success_hold_ramp is None:
+            return self.success_hold_steps
+        a, b = self.success_hold_ramp
+        if iteration < a:
+            return 1
+        if iteration >= b:
+            return self.success_hold_steps
+        return 1 + int(round((self.success_hold_steps - 1) * (iteration - a) / (b - a)))
+
     def num_fixed_length(self, n: int) -> int:
         """How many of a batch of ``n`` envs run fixed-length episodes under
         ``ignore_terminations_fraction`` (the first ``round(f * n)``; ``envs.vector`` masks them,
@@ -222,6 +241,19 @@ class EnvConfig:
                 f"env.success_hold_steps must be >= 1 (got {self.success_hold_steps}); 1 ends an "
                 f"episode at its first success."
             )
+        if self.success_hold_ramp is not None:
+            ramp = list(self.success_hold_ramp)
+            if len(ramp) != 2 or not 0 <= ramp[0] <= ramp[1]:
+                raise ConfigError(
+                    f"env.success_hold_ramp must be [a, b] with 0 <= a <= b, training iterations "
+                    f"(got {ramp}); null applies env.success_hold_steps from the start."
+                )
+            if self.success_hold_steps < 2:
+                raise ConfigError(
+                    f"env.success_hold_ramp={ramp} ramps the hold up to env.success_hold_steps, "
+                    f"which is {self.success_hold_steps}; set env.success_hold_steps above 1 or "
+                    f"the ramp to null."
+                )
         if self.num_processes < 0:
             raise ConfigError(f"env.num_processes must be >= 0 (got {self.num_processes}).")
         if self.autoreset_mode not in ("next_step", "same_step", "disabled"):
@@ -410,6 +442,9 @@ class TrainerConfig:
     reproducible. Sampling requests are always answered alone under their own seed."""
     eval_every: int = 10
     save_every: int = 10
+    keep_checkpoints: int = 3
+    """Periodic ``checkpoints/iter_*`` kept: after each save the older ones are deleted
+    (``best`` is never); 0 keeps all."""
     offload: bool = False
     """FSDP CPU offload of parameters, gradients and optimizer state."""
     max_time_s: Optional[float] = None
@@ -445,6 +480,9 @@ class TrainerConfig:
         for key in ("eval_every", "save_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, 0 = never (got {getattr(self, key)}).")
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"trainer.keep_checkpoints must be >= 0, 0 = keep all "
+                              f"(got {self.keep_checkpoints}).")
         if self.max_time_s is not None and not self.max_time_s > 0:
             raise ConfigError(f"trainer.max_time_s must be > 0 or null (got {self.max_time_s}).")
         if self.target_success is not None and not 0.0 <= self.target_success <= 1.0:

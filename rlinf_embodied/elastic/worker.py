@@ -104,6 +104,8 @@ class ElasticRolloutWorker(PullsWeights, Worker):
         ordinal = [0] * n
         steps: List[dict] = []
         with self.device_lock():
+            if cfg.env.success_hold_ramp is not None:
+                self.env.set_success_hold_steps(cfg.env.hold_steps_at(iteration))
             obs = shard_reset(self.env, seed, iteration, first, G)
             ep_ret = torch.zeros(n)
             for t in range(T):

@@ -103,6 +103,8 @@ class EmbodiedRunner:
                     m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
                     m["rollout/episodes"] = eps
                 m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
+                if cfg.env.success_hold_ramp is not None:
+                    m["rollout/success_hold_steps"] = cfg.env.hold_steps_at(it)
                 timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
                 done = self.state["iteration"] == t.iterations or timed_out
                 videos = cfg.eval.num_videos
@@ -183,7 +185,8 @@ class EmbodiedRunner:
         """Checkpoint ``iter_<iteration>`` (or ``name``, e.g. ``best``, outside the rotation)."""
         periodic = name is None
         name = name or f"iter_{self.state['iteration']:06d}"
-        with checkpoint_dir(self.run_dir, name, update_latest=periodic) as d:
+        with checkpoint_dir(self.run_dir, name, keep=self.cfg.trainer.keep_checkpoints,
+                            update_latest=periodic) as d:
             self.g.actor.save(str(d)).wait()
             atomic_write_json(d / "runner_state.json", self.state)
         if periodic:

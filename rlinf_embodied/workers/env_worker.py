@@ -222,6 +222,9 @@ class EnvWorker(Worker):
         t_env = 0.0
         self._hops = {"wait_s": 0.0, "put_s": 0.0, "queries": 0}
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
+            if self.cfg.env.success_hold_ramp is not None:
+                for env in self.envs:
+                    env.set_success_hold_steps(self.cfg.env.hold_steps_at(iteration))
             obs = self._reset_all(self.envs, iteration, phase=0)
             bufs = [_Trajectory(T) for _ in self.envs]
             ep_ret = [torch.zeros(env.num_envs) for env in self.envs]

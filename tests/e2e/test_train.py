@@ -118,7 +118,7 @@ def test_run_directory_contents(ray_session, tmp_path):
         "env.env_id=toy/Countdown-v0", "env.kwargs={length: 10, terminate: false, with_image: true}",
         "env.image_keys={pixels: main_images, wrist: wrist_images}", "env.state_keys=[state]",
         # a training-only mix of fixed-length envs: the evaluation env must still build
-        "env.ignore_terminations_fraction=0.5"])
+        "env.ignore_terminations_fraction=0.5", "trainer.keep_checkpoints=1"])
     run = tmp_path / "run"
     EmbodiedRunner(cfg, run).run()
     trace = lock.trace()
@@ -146,6 +146,22 @@ def test_run_directory_contents(ray_session, tmp_path):
     # the best-evaluated policy is kept apart from the rotation; `latest` is the last iteration
     assert (run / "checkpoints" / "best" / "policy" / "model.safetensors").exists()
     assert latest_checkpoint(run).name == "iter_000002"
+    # trainer.keep_checkpoints=1: iter_000001 was deleted after the second save
+    assert sorted(p.name for p in (run / "checkpoints").glob("iter_*")) == ["iter_000002"]
+
+
+def test_the_success_hold_ramp_lengthens_the_training_episodes(ray_session, tmp_path):
+    # Countdown with length 2: success and termination from step 2 on. A hold of h ends an
+    # episode at step h + 1, then one autoreset step; 6 queries per env per rollout.
+    cfg = make_cfg(tmp_path, iterations=3, overrides=[
+        "env.env_id=toy/Countdown-v0", "env.kwargs={length: 2}", "env.num_envs=2",
+        "trainer.rollout_steps=6", "trainer.save_every=0",
+        "env.success_hold_steps=3", "env.success_hold_ramp=[0, 2]"])
+    EmbodiedRunner(cfg, tmp_path / "hold").run()
+    hist = [json.loads(line) for line in (tmp_path / "hold" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["rollout/success_hold_steps"] for h in hist] == [1, 2, 3]
+    # hold 1: episodes end at queries 2 and 5; hold 2: at 3; hold 3: at 4 (2 envs each)
+    assert [h["rollout/episodes"] for h in hist] == [4, 2, 2]
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path):

@@ -123,6 +123,22 @@ def test_success_hold_steps_ends_a_successful_episode_after_the_hold():
         countdown(success_hold_steps=0)
 
 
+def test_the_success_hold_can_change_between_rollouts():
+    # env.success_hold_ramp: the trainer sets the hold before each rollout's resets
+    env = countdown(num_envs=1, kwargs={"length": 2}, max_episode_steps=10,
+                    success_hold_steps=3, success_hold_ramp=[2, 4])
+    ends = []
+    for hold in (1, 3):
+        env.set_success_hold_steps(hold)
+        env.reset(seed=0)
+        te = [bool(env.step(np.zeros((1, 1)))[2][0]) for _ in range(4)]
+        ends.append(te.index(True) + 1)  # success from t = 2 on
+    assert ends == [2, 4]
+    with pytest.raises(ValueError, match="success hold must be >= 1 step"):
+        env.set_success_hold_steps(0)
+    env.close()
+
+
 def test_chunk_step_stops_each_env_at_its_first_done():
     env = countdown(kwargs={"length": 10})
     env.reset(seed=0, options={"length": [2, 4, 10]})
