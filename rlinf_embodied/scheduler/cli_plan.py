@@ -104,6 +104,7 @@ def plan_command(
             f"Configured: placement={configured['placement']} {configured['predicted_iteration_s']:.4f} s "
             f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages}"
             + (", offload at every switch)" if configured["offload"] else ")")
+            + (f"; train refuses it here: {configured['refused']}" if configured["refused"] else "")
         )
     note = shared_cores_note(n)
     if note:
@@ -111,10 +112,27 @@ def plan_command(
     return report_text(result, header)
 
 
-def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement) -> dict | None:
+def _refusal(cfg, placement, devices: int) -> str | None:
+    """Why ``train`` would refuse the embodied job's ``placement`` on ``devices`` devices (its
+    envs do not split evenly over the env or actor ranks), or None."""
+    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.runners.setup import check_divisibility
+
+    ranks = {g: len(placement.device_ids(g, devices)) * placement.group(g).procs_per_device
+             for g in ("env", "actor")}
+    try:
+        check_divisibility(cfg, ranks["env"], ranks["actor"])
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement,
+                refusal=_refusal) -> dict | None:
     """Prediction of the job's own placement on ``devices`` devices (None for ``auto`` or a
     placement that does not fit); ``plan_fn(cfg, placement, devices)`` builds the workflow's
-    plan tree (the reasoning workflow passes its own)."""
+    plan tree (the reasoning workflow passes its own), ``refusal(cfg, placement, devices)``
+    says why ``train`` would refuse it (``refused`` in the result; None: it runs)."""
     from rlinf_embodied.runtime.placement import PlacementError, PlacementPlan
 
     if cfg.placement == "auto":
@@ -132,4 +150,5 @@ def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement) -> dict 
         "plan": describe(plan),
         "offload": isinstance(plan, Temporal) and plan.offload,
         "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9),
+        "refused": refusal(cfg, placement, devices) if refusal else None,
     }

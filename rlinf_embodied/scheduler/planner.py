@@ -298,8 +298,8 @@ def _uneven(st: Stage, devices: Sequence[int], micro_batches: int) -> str | None
     for name, shards, d in zip(st.members, st.shards, devices):
         if shards is not None and shards % (d * micro_batches):
             streams = f"{d} rank(s) x {micro_batches} pipeline stage(s)" if st.is_cycle else f"{d} rank(s)"
-            return (f"{name} on {d} device(s): its {shards} envs (or GRPO groups) do not split "
-                    f"evenly over {streams}")
+            return (f"{name} on {d} device(s): its {shards} shards (env.num_envs / "
+                    f"algorithm.group_size) do not split evenly over {streams}")
     return None
 
 
@@ -365,6 +365,8 @@ def search(
     start = time.perf_counter()
     s = _Search(graph, profile, options)
     last = len(s.stages) - 1
+    # Plans use every device they are given; beyond what the job can give work to (or where
+    # its envs do not split evenly over every device) fewer devices are planned, the rest idle.
     # Plans use every device they are given; beyond what the job can give work to (or where
     # its envs do not split evenly over every device) fewer devices are planned, the rest idle.
     first_why = None
@@ -499,7 +501,7 @@ def report_json(result: PlanResult, extra: dict | None = None) -> str:
         "runner_ups": [cand(c) for c in result.runner_ups()],
         "rejected": dict(sorted(result.rejected.items())),
         "why": _why(result),
-        **({"notes": result.notes} if result.notes else {}),
+        "notes": list(result.notes),
         **(extra or {}),
     }
     return json.dumps(out, sort_keys=True, indent=2)

@@ -186,7 +186,7 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
     g = reasoning_graph(cfg)
     workload = {"workflow": "reasoning", "responses": g.node("rollout").items,
                 "max_new_tokens": cfg.rollout.max_new_tokens, "actor_samples": g.node("actor").items}
-    configured = _configured(cfg, n, profile, reasoning_plan_for_placement)
+    configured = _configured(cfg, n, profile, reasoning_plan_for_placement, refusal=None)
     if as_json:
         return report_json(result, {"config": str(config_path), "workload": workload,
                                     "configured": configured}) + "\n"

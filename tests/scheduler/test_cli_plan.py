@@ -91,13 +91,13 @@ def test_plan_says_when_cpu_devices_outnumber_the_cores(tmp_path, monkeypatch):
 
 def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_path):
     # 16 envs: 3 or 5 env ranks would be refused by the runtime at start (the planner once
-    # chose them); beyond 48 devices no plan can give every device work
+    # chose them); beyond what the job can use, the plan leaves devices idle
     from rlinf_embodied.runners.setup import check_divisibility
     from rlinf_embodied.runtime.placement import PlacementPlan
 
     main = "configs/maniskill_pushcube_ppo_mlp.yaml"
     cfg = load_config(main)
-    for devices in (3, 5, 7, 1000):
+    for devices in (2, 3, 5, 7, 8, 1000):
         out = json.loads(plan_command(main, devices, True, []))
         for cand in [out["chosen"], *out["runner_ups"]]:
             place = PlacementPlan.from_dict(cand["placement"])
@@ -105,7 +105,12 @@ def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_pat
             stages = cand["granularity"]["pipeline_stages"]
             job = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
             check_divisibility(job, ranks["env"], ranks["actor"])  # raises when refused
-        assert ("notes" in out) == (devices == 1000), out.get("notes")
+        assert bool(out["notes"]) == (devices == 1000), (devices, out["notes"])
     text = plan_command(main, 1000, False, [])
     assert "Note: the plan uses 48 of the 1000 devices" in text, text
-    assert "temporal rejected: env on 48 device(s): its 16 envs" in text, text
+    assert ("temporal rejected: env on 48 device(s): its 16 shards (env.num_envs / "
+            "algorithm.group_size) do not split evenly over 48 rank(s)") in text, text
+    # the job's own placement is predicted, and marked when train would refuse it
+    three = plan_command(main, 3, False, [])
+    assert "Configured: placement=collocated" in three and "train refuses it here: Set env.num_envs" in three
+    assert "train refuses" not in plan_command(main, 2, False, [])
