@@ -171,9 +171,9 @@ class EnvConfig:
     ``ignore_terminations=true``, where it does nothing. Measured on PushCube in README,
     "Training"."""
     success_hold_ramp: Optional[List[int]] = None
-    """``[a, b]``: training iterations (0-based) over which the hold grows from 1 to
-    ``success_hold_steps``: 1 before iteration a (episodes end at their first success, which
-    learns fastest), ``success_hold_steps`` from iteration b on, linear (rounded) in between
+    """``[a, b]``, training iterations as the log numbers them (from 1), a < b: the hold is 1
+    up to iteration a (episodes end at their first success, which learns fastest),
+    ``success_hold_steps`` from iteration b on, and grows linearly (rounded) in between
     (:meth:`hold_steps_at`; logged as ``rollout/success_hold_steps``). None: the full hold
     from the start. Needs ``success_hold_steps`` above 1. Measured on PushCube in README,
     "Training"."""
@@ -212,15 +212,17 @@ class EnvConfig:
 
     def hold_steps_at(self, iteration: int) -> int:
         """The success hold (``success_hold_steps`` under ``success_hold_ramp``) of the
-        rollout of training iteration ``iteration`` (0-based)."""
+        rollout of training iteration ``iteration`` (0-based, as the runner counts; the log's
+        iteration ``iteration + 1``)."""
         if self.success_hold_ramp is None:
             return self.success_hold_steps
         a, b = self.success_hold_ramp
-        if iteration < a:
+        i = iteration + 1
+        if i <= a:
             return 1
-        if iteration >= b:
+        if i >= b:
             return self.success_hold_steps
-        return 1 + int(round((self.success_hold_steps - 1) * (iteration - a) / (b - a)))
+        return 1 + int(round((self.success_hold_steps - 1) * (i - a) / (b - a)))
 
     def num_fixed_length(self, n: int) -> int:
         """How many of a batch of ``n`` envs run fixed-length episodes under
@@ -243,10 +245,11 @@ class EnvConfig:
             )
         if self.success_hold_ramp is not None:
             ramp = list(self.success_hold_ramp)
-            if len(ramp) != 2 or not 0 <= ramp[0] <= ramp[1]:
+            if len(ramp) != 2 or not 1 <= ramp[0] < ramp[1]:
                 raise ConfigError(
-                    f"env.success_hold_ramp must be [a, b] with 0 <= a <= b, training iterations "
-                    f"(got {ramp}); null applies env.success_hold_steps from the start."
+                    f"env.success_hold_ramp must be [a, b] with 1 <= a < b, training iterations "
+                    f"as the log numbers them (got {ramp}); null applies env.success_hold_steps "
+                    f"from the start."
                 )
             if self.success_hold_steps < 2:
                 raise ConfigError(

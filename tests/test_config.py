@@ -173,9 +173,11 @@ def test_every_config_field_is_read():
     ("env.control_mode='", "Cannot parse override \"env.control_mode='\""),
     ("policy.hidden_sizes={a: 1}", "Invalid config"),
     ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints must be >= 0, 0 = keep all"),
-    ("env.success_hold_ramp=[40, 90]", "set env.success_hold_steps above 1 or the ramp to null"),
-    ("env.success_hold_ramp=[90, 40]", "env.success_hold_ramp must be [a, b] with 0 <= a <= b"),
-    ("env.success_hold_ramp=[4]", "env.success_hold_ramp must be [a, b] with 0 <= a <= b"),
+    ("env.success_hold_steps=1", "set env.success_hold_steps above 1 or the ramp to null"),
+    ("env.success_hold_ramp=[90, 40]", "env.success_hold_ramp must be [a, b] with 1 <= a < b"),
+    ("env.success_hold_ramp=[4]", "env.success_hold_ramp must be [a, b] with 1 <= a < b"),
+    ("env.success_hold_ramp=[0, 4]", "env.success_hold_ramp must be [a, b] with 1 <= a < b"),
+    ("env.success_hold_ramp=[4, 4]", "env.success_hold_ramp must be [a, b] with 1 <= a < b"),
 ])
 def test_out_of_range_values_are_refused(override, message):
     with pytest.raises(ConfigError) as e:
@@ -235,7 +237,8 @@ def test_a_job_with_a_fraction_gives_workers_valid_env_copies():
     assert dataclasses.replace(job.env, num_envs=1).num_envs == 1
     with pytest.raises(ConfigError, match="drop env.ignore_terminations_fraction"):
         load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
-                    ["env.ignore_terminations=true", "env.ignore_terminations_fraction=0.5"])
+                    ["env.ignore_terminations=true", "env.ignore_terminations_fraction=0.5",
+                     "env.success_hold_steps=1", "env.success_hold_ramp=null"])
 
 
 def test_critic_settings_a_critic_free_advantage_ignores_warn():
@@ -291,11 +294,13 @@ def test_a_mapping_override_replaces_a_free_dict_and_merges_into_a_section(tmp_p
 def test_the_success_hold_ramps_from_1_to_the_hold_over_its_iterations():
     cfg = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
                       ["env.success_hold_steps=15", "env.success_hold_ramp=[40, 90]"])
+    # 0-based iterations in, the log's (iteration + 1) ramp: 1 up to iter 40, 15 from iter 90
     at = cfg.env.hold_steps_at
-    assert [at(0), at(39), at(40), at(65), at(89), at(90), at(149)] == [1, 1, 1, 8, 15, 15, 15]
+    assert [at(0), at(39), at(40), at(64), at(88), at(89), at(149)] == [1, 1, 1, 8, 15, 15, 15]
     assert all(at(i) <= at(i + 1) for i in range(150))
     step = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
-                       ["env.success_hold_steps=5", "env.success_hold_ramp=[10, 10]"]).env
+                       ["env.success_hold_steps=5", "env.success_hold_ramp=[10, 11]"]).env
     assert [step.hold_steps_at(9), step.hold_steps_at(10)] == [1, 5]
-    plain = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml", ["env.success_hold_steps=5"]).env
+    plain = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
+                        ["env.success_hold_steps=5", "env.success_hold_ramp=null"]).env
     assert plain.hold_steps_at(0) == 5

@@ -156,7 +156,7 @@ def test_the_success_hold_ramp_lengthens_the_training_episodes(ray_session, tmp_
     cfg = make_cfg(tmp_path, iterations=3, overrides=[
         "env.env_id=toy/Countdown-v0", "env.kwargs={length: 2}", "env.num_envs=2",
         "trainer.rollout_steps=6", "trainer.save_every=0",
-        "env.success_hold_steps=3", "env.success_hold_ramp=[0, 2]"])
+        "env.success_hold_steps=3", "env.success_hold_ramp=[1, 3]"])
     EmbodiedRunner(cfg, tmp_path / "hold").run()
     hist = [json.loads(line) for line in (tmp_path / "hold" / "metrics.jsonl").read_text().splitlines()]
     assert [h["rollout/success_hold_steps"] for h in hist] == [1, 2, 3]
