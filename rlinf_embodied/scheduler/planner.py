@@ -291,6 +291,10 @@ class _Search:
             split(dl)
 
 
+_UNEVEN = "do not split evenly"
+"""Words of every :func:`_uneven` reason (the search tries fewer devices only after them)."""
+
+
 def _uneven(st: Stage, devices: Sequence[int], micro_batches: int) -> str | None:
     """Why the runtime cannot run ``st`` with ``devices`` per member (one rank each) and
     ``micro_batches`` streams per rank: a member's :attr:`~.graph.Node.shards` that does not
@@ -299,7 +303,7 @@ def _uneven(st: Stage, devices: Sequence[int], micro_batches: int) -> str | None
         if shards is not None and shards % (d * micro_batches):
             streams = f"{d} rank(s) x {micro_batches} pipeline stage(s)" if st.is_cycle else f"{d} rank(s)"
             return (f"{name} on {d} device(s): its {shards} shards (env.num_envs / "
-                    f"algorithm.group_size) do not split evenly over {streams}")
+                    f"algorithm.group_size) {_UNEVEN} over {streams}")
     return None
 
 
@@ -374,8 +378,8 @@ def search(
         roots: list = []
         best, why = s.solve(0, last, used, collect=roots if last > 0 else None)
         first_why = first_why or why
-        if best:
-            break
+        if best or not any(_UNEVEN in r for r in why.values()):
+            break  # found; or nothing failed for an uneven split, which fewer devices can fix
     if last == 0:
         roots = [(m, p) for m, (_, p) in best.items()]
     if not best:
