@@ -116,10 +116,9 @@ def _refusal(cfg, placement, devices: int) -> str | None:
     """Why ``train`` would refuse the embodied job's ``placement`` on ``devices`` devices (its
     envs do not split evenly over the env or actor ranks), or None."""
     from rlinf_embodied.config import ConfigError
-    from rlinf_embodied.runners.setup import check_divisibility
+    from rlinf_embodied.runners.setup import check_divisibility, group_ranks
 
-    ranks = {g: len(placement.device_ids(g, devices)) * placement.group(g).procs_per_device
-             for g in ("env", "actor")}
+    ranks = group_ranks(placement, devices)
     try:
         check_divisibility(cfg, ranks["env"], ranks["actor"])
     except ConfigError as e:

@@ -92,7 +92,7 @@ def test_plan_says_when_cpu_devices_outnumber_the_cores(tmp_path, monkeypatch):
 def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_path):
     # 16 envs: 3 or 5 env ranks would be refused by the runtime at start (the planner once
     # chose them); beyond what the job can use, the plan leaves devices idle
-    from rlinf_embodied.runners.setup import check_divisibility
+    from rlinf_embodied.runners.setup import check_divisibility, group_ranks
     from rlinf_embodied.runtime.placement import PlacementPlan
 
     main = "configs/maniskill_pushcube_ppo_mlp.yaml"
@@ -100,8 +100,7 @@ def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_pat
     for devices in (2, 3, 5, 7, 8, 1000):
         out = json.loads(plan_command(main, devices, True, []))
         for cand in [out["chosen"], *out["runner_ups"]]:
-            place = PlacementPlan.from_dict(cand["placement"])
-            ranks = {g: len(place.device_ids(g, devices)) for g in ("env", "actor")}
+            ranks = group_ranks(PlacementPlan.from_dict(cand["placement"]), devices)
             stages = cand["granularity"]["pipeline_stages"]
             job = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
             check_divisibility(job, ranks["env"], ranks["actor"])  # raises when refused
