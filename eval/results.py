@@ -51,7 +51,7 @@ goal radius or a speed), so results that differ in them are refused like another
 
 RUN_ONLY_ENV_SETTINGS = frozenset({
     "num_envs", "num_processes", "step_timeout_s", "reset_timeout_s", "startup_timeout_s",
-    "start_method", "threads_per_process", "video", "video_dir", "vectorization",
+    "start_method", "threads_per_process", "video", "video_dir", "render_images", "vectorization",
     "autoreset_mode", "task_ids"})
 """``env_config`` fields that change how an evaluation runs, not what any episode does
 (``task_ids``: the LIBERO tasks its envs are first built for; every episode resets to its own)."""

@@ -89,8 +89,9 @@ class EvalRequest:
         num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
         video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
         output: results JSON path.
-        obs_mode: ``rgb``, ``state`` or ``auto`` (``state`` only when the policy is known not
-            to read images and no video is requested).
+        obs_mode: ``rgb``, ``state`` or ``auto`` (``state`` when the policy is known not to
+            read images and, outside ManiSkill, no video is requested; ManiSkill films a state
+            policy with its human camera).
         max_steps: overrides the protocol's max steps (recorded; changes the protocol id).
         num_settle_steps: overrides the protocol's settle steps (recorded likewise).
         image_size: overrides the protocol's image size (recorded likewise).
@@ -319,6 +320,8 @@ class _ManiSkillFamily(_SeededFamily):
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
                       max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
+        if obs_mode == "state" and self.req.video != "none":
+            values["render_images"] = True  # frames of the human camera for the MP4s
         if self.protocol.image_size is not None:
             values["sensor_size"] = self.protocol.image_size
         values.update(self.req.env_overrides)
@@ -571,26 +574,30 @@ def _device_name(device: str) -> str:
     return f"{device} ({platform.processor() or platform.machine()})"
 
 
-def _render_backend(family: str, obs_mode: str, env: Any = None) -> str:
+def _render_backend(family: str, obs_mode: str, env: Any = None, video: bool = False) -> str:
     """What the env workers rendered with: their own report (``spec.metadata``) when given."""
     meta = getattr(getattr(env, "spec", None), "metadata", None) or {}
     if meta.get("render_backend"):
         return str(meta["render_backend"])
     if obs_mode == "state":
-        return "none (state observations)"
+        return "sapien (video frames only; state observations)" if video else "none (state observations)"
     if family == "maniskill":
         return "sapien (vulkan)"
     return "n/a (the env does not report it)"
 
 
 def _auto_obs_mode(req: EvalRequest) -> str:
+    # ManiSkill renders its human camera beside state observations (env render_images), so a
+    # state policy can be filmed; the other families film only what the policy sees.
+    state_video = req.env == "maniskill"
     if req.obs_mode != "auto":
         if req.obs_mode not in ("rgb", "state"):
             raise EvalError(f"--obs-mode must be rgb, state or auto (got {req.obs_mode!r}).")
-        if req.obs_mode == "state" and req.video != "none":
-            raise EvalError("--video needs image observations; use --obs-mode rgb or auto.")
+        if req.obs_mode == "state" and req.video != "none" and not state_video:
+            raise EvalError(f"--video needs image observations for --env {req.env}; use "
+                            "--obs-mode rgb or auto.")
         return req.obs_mode
-    if req.video != "none":
+    if req.video != "none" and not state_video:
         return "rgb"
     if req.policy == "random":
         return "state"
@@ -906,7 +913,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
                       else "env_seed + trial"},
             "versions": _versions(),
             "version_mismatches": mismatches,
-            "render_backend": _render_backend(req.env, obs_mode, env),
+            "render_backend": _render_backend(req.env, obs_mode, env, req.video != "none"),
             "obs_mode": obs_mode,
             "device": _device_name(device),
             "policy": policy.header(),

@@ -103,3 +103,26 @@ def test_maniskill_fair_eval_success_once_and_at_end(tmp_path):
     assert s["rate"] == 0.5 and s["success_at_end_rate"] == 0.5
     assert res.header["protocol"]["name"] == "maniskill_fair_v1"
     assert "success at end" in Path(tmp_path / "ms.md").read_text()
+
+
+@pytest.mark.maniskill
+def test_maniskill_state_policy_video(tmp_path):
+    # A state policy is filmed with the human camera (env render_images) instead of being
+    # refused for want of image observations; the policy still sees states only.
+    pytest.importorskip("mani_skill")
+    res = evaluate(EvalRequest(
+        env="maniskill", task="PushCube-v1", trials_per_task=1, num_envs=1, num_processes=0,
+        obs_mode="state", max_steps=3, policy="random", video="failures",
+        output=str(tmp_path / "st.json"), reports=False,
+        env_overrides={"sim_backend": "physx_cpu", "sensor_size": 64},
+    ))
+    (ep,) = res.episodes
+    assert not ep.success and ep.steps == 3 and ep.video
+    import imageio.v3 as iio
+
+    frames = iio.imread(tmp_path / ep.video)
+    assert frames.shape[1:] == (64, 64, 3) and frames.shape[0] == 4  # reset frame + 3 steps
+    assert frames.std() > 1.0  # a rendered scene, not a blank frame
+    h = res.header
+    assert h["obs_mode"] == "state" and h["env_config"]["render_images"] is True
+    assert h["render_backend"].startswith("sapien (video frames only")
