@@ -626,21 +626,28 @@ class JobConfig:
                 fixed-length.
         """
         e = self.env
+        # The fix that works with either setting: the hold and its ramp go together (a ramp
+        # needs a hold above 1).
+        no_hold = "env.success_hold_steps=1" + (
+            " env.success_hold_ramp=null" if e.success_hold_ramp is not None else "")
         if e.success_hold_steps > 1 and e.ignore_terminations:
             raise ConfigError(
                 f"env.success_hold_steps={e.success_hold_steps} does nothing with "
-                f"env.ignore_terminations=true (episodes never end at success); drop one."
+                f"env.ignore_terminations=true (episodes never end at success); set "
+                f"env.ignore_terminations=false, or {no_hold}."
             )
         if e.success_hold_steps > 1 and e.ignore_terminations_fraction >= 1.0:
             raise ConfigError(
                 f"env.success_hold_steps={e.success_hold_steps} does nothing with "
-                f"env.ignore_terminations_fraction=1.0 (every env is fixed-length); drop one."
+                f"env.ignore_terminations_fraction=1.0 (every env is fixed-length); lower the "
+                f"fraction, or set {no_hold}."
             )
         if e.max_episode_steps is not None and e.success_hold_steps > e.max_episode_steps:
             raise ConfigError(
                 f"env.success_hold_steps={e.success_hold_steps} is longer than an episode "
                 f"(env.max_episode_steps={e.max_episode_steps}), so no episode could end at "
-                f"success; use at most {e.max_episode_steps} or env.ignore_terminations=true."
+                f"success; use at most env.success_hold_steps={e.max_episode_steps}, or "
+                f"env.ignore_terminations=true with {no_hold}."
             )
         f = e.ignore_terminations_fraction
         if f <= 0:

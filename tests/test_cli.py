@@ -98,6 +98,28 @@ def test_config_show_rejects_what_train_would_reject_later():
     assert ok.exit_code == 0, ok.output
 
 
+def test_hold_errors_suggest_fixes_that_work():
+    # Each suggested fix is applied as written and must load (the ramp goes with the hold).
+    main = "configs/maniskill_pushcube_ppo_mlp.yaml"
+    for bad, fixes in (
+        (["env.ignore_terminations=true"],
+         [["env.ignore_terminations=false"],
+          ["env.success_hold_steps=1", "env.success_hold_ramp=null"]]),
+        (["env.max_episode_steps=10"],
+         [["env.success_hold_steps=10"],
+          ["env.ignore_terminations=true", "env.success_hold_steps=1",
+           "env.success_hold_ramp=null"]]),
+    ):
+        r = runner.invoke(app, ["config", "show", main, *bad])
+        assert r.exit_code == 2, r.output
+        text = " ".join(r.output.split())
+        for fix in fixes:
+            assert all(part in text for part in fix), (fix, text)
+            merged = {o.split("=")[0]: o for o in [*bad, *fix]}  # a fix replaces a bad key
+            ok = runner.invoke(app, ["config", "show", main, *merged.values()])
+            assert ok.exit_code == 0, (bad, fix, ok.output)
+
+
 def test_train_and_plan_refuse_a_key_given_twice():
     for cmd in (["train"], ["plan"]):
         r = runner.invoke(app, [*cmd, "configs/maniskill_pushcube_ppo_mlp.yaml", "run.seed=1",
