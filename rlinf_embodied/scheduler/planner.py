@@ -483,7 +483,9 @@ def _why(result: PlanResult) -> str:
             parts.append(f"{mode} does not apply")
         elif mode in result.rejected:
             parts.append(f"no {mode} plan fits")
-    return f"{b.mode} is fastest; " + ("; ".join(parts) or "no other mode applies") + "."
+    # "runnable": every plan searched splits the job evenly (the Configured line of `plan`
+    # may predict a faster placement that train refuses).
+    return f"{b.mode} is the fastest runnable plan; " + ("; ".join(parts) or "no other mode applies") + "."
 
 
 def report_json(result: PlanResult, extra: dict | None = None) -> str:
