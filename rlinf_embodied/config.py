@@ -556,6 +556,14 @@ class JobConfig:
     def __post_init__(self):
         self.check_fixed_length_envs()
         self._warn_unused_critic_settings()
+        ramp, last = self.env.success_hold_ramp, self.trainer.iterations
+        if ramp is not None and ramp[1] > last:
+            warnings.warn(
+                f"env.success_hold_ramp={list(ramp)} ends after the run's last iteration "
+                f"(trainer.iterations={last}): the hold reaches only "
+                f"{self.env.hold_steps_at(last - 1)} of env.success_hold_steps="
+                f"{self.env.success_hold_steps}; end the ramp by iteration {last}.",
+                ConfigWarning, stacklevel=2)
         if self.trainer.critic_warmup_iterations > 0 and getattr(self.policy, "critic", None) is False:
             raise ConfigError(
                 "trainer.critic_warmup_iterations > 0 needs a critic to warm up; set "

@@ -1,5 +1,6 @@
 """Typed configuration: YAML + overrides, strict keys, type errors, variants by `type`."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,15 @@ def test_the_success_hold_ramps_from_1_to_the_hold_over_its_iterations():
     plain = load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml",
                         ["env.success_hold_steps=5", "env.success_hold_ramp=null"]).env
     assert plain.hold_steps_at(0) == 5
+
+
+def test_a_hold_ramp_past_the_last_iteration_warns():
+    from rlinf_embodied.config import ConfigWarning
+
+    main = CONFIGS / "maniskill_pushcube_ppo_mlp.yaml"  # ramp [41, 91], hold 15
+    # iteration 60 of the log is hold_steps_at(59): 1 + round(14 * 19 / 50) = 6
+    with pytest.warns(ConfigWarning, match=r"trainer.iterations=60\): the hold reaches only 6 of"):
+        load_config(main, ["trainer.iterations=60"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        assert load_config(main, ["trainer.iterations=91"]).env.hold_steps_at(90) == 15
