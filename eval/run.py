@@ -702,7 +702,7 @@ def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
             typed[key] = OmegaConf.to_container(OmegaConf.merge(schema, {key: value}))[key]
         except OmegaConfBaseException:
             kind = _field_type_name(family.config_class(), key)
-            raise EvalError(f"--env-override {key}={value!r}: {key} needs a value of type {kind} "
+            raise EvalError(f"--env-override {key}={value!r}: {key} must be {kind} "
                             f"(e.g. --env-override {key}={_example(schema[key])}).") from None
     return typed
 

@@ -16,6 +16,7 @@ Nothing past the CLI sees a dict: :func:`load_config` returns dataclass instance
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import itertools
@@ -885,8 +886,12 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     if isinstance(e, ValidationError) and key:
         expected = _field_type_name(getattr(e, "object_type", None), getattr(e, "key", None))
         value = getattr(e, "value", None)
-        shown = "null" if value is None or type(value).__name__ == "AnyNode" and value._value() is None else repr(value)
-        kind = "" if shown == "null" else f" ({type(value).__name__})"
+        if type(value).__name__ == "AnyNode":  # OmegaConf's untyped node: name what it holds
+            value = value._value()
+        shown = "null" if value is None else repr(value)
+        kind = {"ListConfig": "list", "DictConfig": "mapping"}.get(type(value).__name__,
+                                                                  type(value).__name__)
+        kind = "" if shown == "null" else f" ({kind})"
         return ConfigError(
             f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
         )
@@ -903,9 +908,24 @@ def _field_type_name(cls: Optional[type], key: Optional[str]) -> str:
         hint = None
     if hint is None:
         return "a value of the field's type"
-    if typing.get_args(hint):
-        return str(hint).replace("typing.", "")
-    return getattr(hint, "__name__", str(hint))
+    return _readable_type(hint)
+
+
+def _readable_type(hint: Any) -> str:
+    """``Optional[List[int]]`` -> ``a list of int, or null``; ``Dict[str, Any]`` -> ``a mapping``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        names = [_readable_type(a) for a in args if a is not type(None)]
+        text = " or ".join(names)
+        return f"{text}, or null" if type(None) in args else text
+    if origin in (list, tuple, collections.abc.Sequence):
+        inner = [a for a in args if a is not Ellipsis]
+        return f"a list of {_readable_type(inner[0])}" if inner else "a list"
+    if origin in (dict, collections.abc.Mapping):
+        return "a mapping"
+    if hint is Any:
+        return "any value"
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
 
 
 def load_config(

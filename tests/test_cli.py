@@ -83,6 +83,10 @@ def test_config_show_rejects_what_train_would_reject_later():
           "env.ignore_terminations_fraction=1.0"], "does nothing with env.ignore_terminations_fraction=1.0"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer={lr:1e-3}"],
          "(YAML needs a space after the colon: {lr: ...})"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_ramp=abc"],
+         "expected a list of int, or null, got 'abc' (str)"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "eval.num_episodes=[1]"],
+         "expected int, got [1] (list)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
          "is longer than an episode (env.max_episode_steps=50)"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
@@ -457,9 +461,9 @@ def test_eval_env_override_sets_and_records_env_settings(tmp_path):
     r = runner.invoke(app, args[:-1] + [str(tmp_path / "b.json"), "--env-override", "kwargs={dimm: 3}"])
     assert r.exit_code == 2 and "'dimm' (did you mean 'dim'?)" in r.output
     # a value of the wrong type is one line naming the type, not a traceback
-    for bad, needs in (("success_hold_steps=abc", "success_hold_steps needs a value of type int"),
-                       ("kwargs=3", "kwargs needs a value of type Dict[str, Any]"),
-                       ("state_keys=pos", "state_keys needs a value of type List[str]")):
+    for bad, needs in (("success_hold_steps=abc", "success_hold_steps must be int"),
+                       ("kwargs=3", "kwargs must be a mapping"),
+                       ("state_keys=pos", "state_keys must be a list of str")):
         r = runner.invoke(app, args[:-1] + [str(tmp_path / "c.json"), "--env-override", bad])
         assert r.exit_code == 2 and needs in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "c.json").exists()
