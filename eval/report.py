@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -151,7 +152,9 @@ def _md_to_html_table(md: str) -> str:
     out = ["<table>"]
     for i, ln in enumerate(rows):
         tag = "th" if i == 0 else "td"
-        cells = [c.strip().replace("\\|", "|").replace("**", "") for c in ln.strip("|").split(" | ")]
+        # split on unescaped pipes: empty cells are "| |", not " |  | "
+        cells = [c.strip().replace("\\|", "|").replace("**", "")
+                 for c in re.split(r"(?<!\\)\|", ln.strip()[1:-1])]
         out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)

@@ -470,7 +470,9 @@ def run_pairs(
         for i in ids:
             if sinks[i] is not None and slots[i] is not None:
                 if "main_images" not in obs:
-                    raise EvalError("--video needs image observations; use --obs-mode rgb.")
+                    raise EvalError("--video needs image observations (main_images) and this "
+                                    "env gives none with these settings; use --video none, or "
+                                    "an env (and --obs-mode) that gives images.")
                 sinks[i].start(i)
                 sinks[i].add(obs["main_images"][i])
         return obs
@@ -596,24 +598,36 @@ def _auto_obs_mode(req: EvalRequest) -> str:
         if req.obs_mode == "state" and req.video != "none" and not state_video:
             raise EvalError(f"--video needs image observations for --env {req.env}; use "
                             "--obs-mode rgb or auto.")
+        spec = _checkpoint_spec(req) if req.obs_mode == "rgb" else {}
+        if spec and not spec.get("image_shape"):
+            raise EvalError(f"--obs-mode rgb: {req.policy} reads state observations only (it "
+                            "was trained without images); use --obs-mode state or auto.")
         return req.obs_mode
     if req.video != "none" and not state_video:
         return "rgb"
     if req.policy == "random":
         return "state"
-    path = Path(req.policy)
-    if path.is_dir() and not (path / "config.json").is_file():
-        import yaml
-        from rlinf_embodied.eval.sources import find_checkpoint
-        from rlinf_embodied.policies.registry import SPEC_FILE
-
-        try:
-            spec = yaml.safe_load((find_checkpoint(path, req.checkpoint) / SPEC_FILE)
-                                  .read_text()) or {}
-        except (OSError, ValueError):
-            return "rgb"
+    spec = _checkpoint_spec(req)
+    if spec:
         return "rgb" if spec.get("image_shape") else "state"
     return "rgb"
+
+
+def _checkpoint_spec(req: EvalRequest) -> Dict[str, Any]:
+    """The saved SpaceSpec of a training run / checkpoint ``--policy``; {} for anything else
+    (a published VLA directory, ``random``, a callable) or an unreadable one."""
+    path = Path(req.policy)
+    if not path.is_dir() or (path / "config.json").is_file():
+        return {}
+    import yaml
+    from rlinf_embodied.eval.sources import find_checkpoint
+    from rlinf_embodied.policies.registry import SPEC_FILE
+
+    try:
+        return yaml.safe_load((find_checkpoint(path, req.checkpoint) / SPEC_FILE)
+                              .read_text()) or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
@@ -933,7 +947,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
             print(f"resuming {output}: {len(results.episodes)} of {len(pairs)} episodes are there "
                   "already (same protocol, policy weights and env settings); pass another --output to start over.",
                   file=sys.stderr)
-        if not output.exists():
+        created = not output.exists()
+        if created:
             results.save()  # the header is on disk before the first episode
         total = len(pairs)
 
@@ -946,11 +961,17 @@ def evaluate(req: EvalRequest) -> ResultsFile:
 
         # LIBERO and ManiSkill control at 20 Hz; one frame per policy query.
         hz = float((getattr(env, "spec", None) and env.spec.metadata.get("control_freq_hz")) or 20)
-        run_pairs(env, policy.act, pending, family.reset, on_finished,
-                  ignore_terminations=protocol.ignore_terminations,
-                  instruction=family.instruction, video=req.video,
-                  video_dir=output.parent / f"{output.stem}_videos", video_fps=hz,
-                  head=policy.execution.get("head"))
+        try:
+            run_pairs(env, policy.act, pending, family.reset, on_finished,
+                      ignore_terminations=protocol.ignore_terminations,
+                      instruction=family.instruction, video=req.video,
+                      video_dir=output.parent / f"{output.stem}_videos", video_fps=hz,
+                      head=policy.execution.get("head"))
+        except BaseException:
+            if created and not results.episodes:
+                # Nothing ran: leave no header-only file that a retry would "resume".
+                output.unlink(missing_ok=True)
+            raise
     finally:
         env.close()
     if req.reports:

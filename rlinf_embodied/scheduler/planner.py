@@ -482,7 +482,7 @@ def _why(result: PlanResult) -> str:
         elif result.rejected.get(mode, "").startswith("not applicable"):
             parts.append(f"{mode} does not apply")
         elif mode in result.rejected:
-            parts.append(f"no {mode} plan fits")
+            parts.append(f"no {mode} plan is runnable (rejected above)")
     # "runnable": every plan searched splits the job evenly (the Configured line of `plan`
     # may predict a faster placement that train refuses).
     return f"{b.mode} is the fastest runnable plan; " + ("; ".join(parts) or "no other mode applies") + "."

@@ -155,3 +155,52 @@ def test_compare_refuses_other_env_kwargs_and_warns_about_other_observations(tmp
     assert compare(_results(tmp_path / "old.json"), a).warnings == []
     (w,) = compare(a, a.path).warnings
     assert "A and B are the same file" in w
+
+
+@pytest.mark.parametrize("at_end", [False, True])
+def test_html_table_rows_have_the_header_s_columns(tmp_path, at_end):
+    # Empty Markdown cells ("| |") must stay empty cells, not become a literal "|".
+    from rlinf_embodied.eval.report import _md_to_html_table, markdown_table
+
+    r = _results(tmp_path / "a.json")
+    if at_end:
+        r.episodes = [Episode(task=e.task, trial=e.trial, success=e.success, steps=5,
+                              instruction=e.instruction, success_at_end=e.success)
+                      for e in r.episodes]
+    html_table = _md_to_html_table(markdown_table(r))
+    widths = [ln.count("<td>") + ln.count("<th>") for ln in html_table.splitlines()
+              if ln.startswith("<tr>")]
+    assert len(set(widths)) == 1 and widths[0] == (7 if at_end else 6), html_table
+    assert "<td>|</td>" not in html_table
+    avg = next(ln for ln in html_table.splitlines() if "average" in ln)
+    assert "<td>50.0</td>" in avg
+
+
+def test_video_without_images_is_refused_and_leaves_no_results_file(tmp_path):
+    out = tmp_path / "v.json"
+    base = ["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random",
+            "--trials-per-task", "1", "--num-envs", "1", "--num-processes", "0", "-o", str(out)]
+    for extra in ([], ["--obs-mode", "rgb"]):
+        res = runner.invoke(eval_app, base + ["--video", "all", *extra])
+        assert res.exit_code == 2, res.output
+        assert "use --video none" in res.output, res.output
+        assert not out.exists()  # a retry starts afresh instead of "resuming" a header
+    res = runner.invoke(eval_app, base + ["--obs-mode", "state", "--video", "all"])
+    assert res.exit_code == 2 and "--video needs image observations for --env gym" in res.output
+    res = runner.invoke(eval_app, base)  # the fix named: no video
+    assert res.exit_code == 0 and len(ResultsFile.load(out).episodes) == 1, res.output
+
+
+def test_rgb_for_a_state_checkpoint_is_refused_up_front(tmp_path):
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
+    save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), tmp_path / "ckpt")
+    res = runner.invoke(eval_app, ["--env", "gym", "--task", "toy/PointReach-v0", "--policy",
+                                   str(tmp_path / "ckpt"), "--obs-mode", "rgb",
+                                   "-o", str(tmp_path / "r.json")])
+    assert res.exit_code == 2, res.output
+    assert "reads state observations only" in res.output and "--obs-mode state or auto" in res.output
+    assert not (tmp_path / "r.json").exists()
