@@ -597,7 +597,7 @@ def _auto_obs_mode(req: EvalRequest) -> str:
             raise EvalError(f"--obs-mode must be rgb, state or auto (got {req.obs_mode!r}).")
         if req.obs_mode == "state" and req.video != "none" and not state_video:
             raise EvalError(f"--video needs image observations for --env {req.env}; use "
-                            "--obs-mode rgb or auto.")
+                            "--video none, or --obs-mode rgb with an env that gives images.")
         spec = _checkpoint_spec(req) if req.obs_mode == "rgb" else {}
         if spec and not spec.get("image_shape"):
             raise EvalError(f"--obs-mode rgb: {req.policy} reads state observations only (it "

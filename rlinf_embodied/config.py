@@ -558,7 +558,14 @@ class JobConfig:
         self.check_fixed_length_envs()
         self._warn_unused_critic_settings()
         ramp, last = self.env.success_hold_ramp, self.trainer.iterations
-        if ramp is not None and ramp[1] > last:
+        if ramp is not None and ramp[0] >= last:
+            warnings.warn(
+                f"env.success_hold_ramp={list(ramp)} starts after the run's last iteration "
+                f"(trainer.iterations={last}): every episode ends at its first success (hold "
+                f"1); fine for a short trial run, env.success_hold_ramp=null "
+                f"env.success_hold_steps=1 says so without this warning.",
+                ConfigWarning, stacklevel=2)
+        elif ramp is not None and ramp[1] > last:
             warnings.warn(
                 f"env.success_hold_ramp={list(ramp)} ends after the run's last iteration "
                 f"(trainer.iterations={last}): the hold reaches only "
@@ -925,6 +932,8 @@ def _readable_type(hint: Any) -> str:
         return "a mapping"
     if hint is Any:
         return "any value"
+    if dataclasses.is_dataclass(hint):
+        return "a mapping (a config section)"
     return getattr(hint, "__name__", str(hint).replace("typing.", ""))
 
 
@@ -958,7 +967,8 @@ def load_config(
         merged_raw = OmegaConf.merge(raw, ov)
         structured = _schema_for(schema, merged_raw)
     except (OmegaConfBaseException, TypeError) as e:  # `env: 3` in the file, `env.num_envs=4`
-        raise ConfigError(f"Invalid config in {source}: {_one_line(e)}") from None
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or ConfigError(f"Invalid config in {source}: {_one_line(e)}")) from None
     _open_free_dicts(structured)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
@@ -971,13 +981,46 @@ def load_config(
         inner = e.__cause__ or e.__context__
         if isinstance(inner, ConfigError):
             raise inner from None
-        raise _translate(cause, structured, source) from None
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or _translate(cause, structured, source)) from None
     except ConfigError:
         raise
     except TypeError as e:  # e.g. a mapping given for a list field
-        raise ConfigError(f"Invalid config in {source}: {_one_line(e)}") from None
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or ConfigError(f"Invalid config in {source}: {_one_line(e)}")) from None
     _reject_nan(obj)
     return obj
+
+
+def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, schema: type,
+                        source: str) -> Optional[ConfigError]:
+    """The "Wrong type" error for the first override whose value is a mapping or a list where
+    the field holds something else, which OmegaConf reports only as
+    "Cannot merge incompatible container types"; None when no override is such a one."""
+
+    def kind(x: Any) -> str:
+        return "mapping" if isinstance(x, DictConfig) else "list" if isinstance(x, ListConfig) else "value"
+
+    try:
+        structured = _schema_for(schema, raw)
+    except Exception:  # noqa: BLE001 - the file itself is malformed: nothing to compare with
+        return None
+    for o in overrides:
+        key = o.lstrip("+").partition("=")[0].strip()
+        new = OmegaConf.select(ov, key, default=None)
+        old = OmegaConf.select(raw, key, default=None)
+        if old is None:
+            old = OmegaConf.select(structured, key, default=None, throw_on_missing=False)
+        if new is None or old is None or kind(new) == "value" or kind(new) == kind(old):
+            continue  # a plain value of the wrong type is reported by _translate
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(structured, parent) if parent else structured
+        cls = getattr(getattr(node, "_metadata", None), "object_type", None)
+        expected = _field_type_name(cls, leaf)
+        shown = o.partition("=")[2].strip()
+        return ConfigError(f"Wrong type for config key {key!r} in {source}: expected {expected}, "
+                           f"got {shown} ({kind(new)}).")
+    return None
 
 
 def _reject_nan(obj: Any, prefix: str = "") -> None:

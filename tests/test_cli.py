@@ -87,6 +87,16 @@ def test_config_show_rejects_what_train_would_reject_later():
          "expected a list of int, or null, got 'abc' (str)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "eval.num_episodes=[1]"],
          "expected int, got [1] (list)"),
+        # a mapping for a list field (and the other way round): OmegaConf says only
+        # "Cannot merge incompatible container types"
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_ramp={a: 1}"],
+         "'env.success_hold_ramp' in configs/maniskill_pushcube_ppo_mlp.yaml + overrides "
+         "['env.success_hold_ramp={a: 1}']: expected a list of int, or null, got {a: 1} (mapping)"),
+        (["configs/gym_pointreach_ppo_mlp.yaml", "env.kwargs=[1]"],
+         "'env.kwargs' in configs/gym_pointreach_ppo_mlp.yaml + overrides ['env.kwargs=[1]']: "
+         "expected a mapping, got [1] (list)"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env=[1]"],
+         "expected a mapping (a config section), got [1] (list)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
          "is longer than an episode (env.max_episode_steps=50)"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)

@@ -172,7 +172,7 @@ def test_every_config_field_is_read():
     ("cluster.num_cpu_devices=0", "cluster.num_cpu_devices"),
     ("env.step_timeout_s=0", "env.step_timeout_s"),
     ("env.control_mode='", "Cannot parse override \"env.control_mode='\""),
-    ("policy.hidden_sizes={a: 1}", "Invalid config"),
+    ("policy.hidden_sizes={a: 1}", "expected a list of int, got {a: 1} (mapping)"),
     ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints must be >= 0, 0 = keep all"),
     ("env.success_hold_steps=1", "set env.success_hold_steps above 1 or the ramp to null"),
     ("env.success_hold_ramp=[90, 40]", "env.success_hold_ramp must be [a, b] with 1 <= a < b"),
@@ -314,6 +314,11 @@ def test_a_hold_ramp_past_the_last_iteration_warns():
     # iteration 60 of the log is hold_steps_at(59): 1 + round(14 * 19 / 50) = 6
     with pytest.warns(ConfigWarning, match=r"trainer.iterations=60\): the hold reaches only 6 of"):
         load_config(main, ["trainer.iterations=60"])
+    with pytest.warns(ConfigWarning, match=r"starts after the run's last iteration "
+                      r"\(trainer.iterations=2\): every episode ends at its first success"):
+        load_config(main, ["trainer.iterations=2"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         assert load_config(main, ["trainer.iterations=91"]).env.hold_steps_at(90) == 15
+        load_config(main, ["trainer.iterations=2", "env.success_hold_ramp=null",
+                           "env.success_hold_steps=1"])  # the quiet form it names

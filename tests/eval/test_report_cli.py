@@ -187,6 +187,7 @@ def test_video_without_images_is_refused_and_leaves_no_results_file(tmp_path):
         assert not out.exists()  # a retry starts afresh instead of "resuming" a header
     res = runner.invoke(eval_app, base + ["--obs-mode", "state", "--video", "all"])
     assert res.exit_code == 2 and "--video needs image observations for --env gym" in res.output
+    assert "use --video none" in res.output
     res = runner.invoke(eval_app, base)  # the fix named: no video
     assert res.exit_code == 0 and len(ResultsFile.load(out).episodes) == 1, res.output
 
