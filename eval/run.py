@@ -149,6 +149,9 @@ class _Family:
     """How one simulator family maps protocol + request onto an env and (task, trial) resets."""
 
     name = ""
+    films_state_policies = False
+    """Whether the env renders video frames beside state observations (so ``--video`` works
+    with ``--obs-mode state``); the others film only what the policy sees."""
 
     def __init__(self, req: EvalRequest, protocol: Protocol):
         self.req, self.protocol = req, protocol
@@ -305,6 +308,7 @@ class _SeededFamily(_Family):
 
 class _ManiSkillFamily(_SeededFamily):
     name = "maniskill"
+    films_state_policies = True  # its human camera (env render_images)
 
     @staticmethod
     def config_class() -> type:
@@ -589,9 +593,7 @@ def _render_backend(family: str, obs_mode: str, env: Any = None, video: bool = F
 
 
 def _auto_obs_mode(req: EvalRequest) -> str:
-    # ManiSkill renders its human camera beside state observations (env render_images), so a
-    # state policy can be filmed; the other families film only what the policy sees.
-    state_video = req.env == "maniskill"
+    state_video = _FAMILIES[req.env].films_state_policies
     if req.obs_mode != "auto":
         if req.obs_mode not in ("rgb", "state"):
             raise EvalError(f"--obs-mode must be rgb, state or auto (got {req.obs_mode!r}).")

@@ -896,9 +896,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         if type(value).__name__ == "AnyNode":  # OmegaConf's untyped node: name what it holds
             value = value._value()
         shown = "null" if value is None else repr(value)
-        kind = {"ListConfig": "list", "DictConfig": "mapping"}.get(type(value).__name__,
-                                                                  type(value).__name__)
-        kind = "" if shown == "null" else f" ({kind})"
+        kind = "" if shown == "null" else f" ({_kind(value)})"
         return ConfigError(
             f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
         )
@@ -992,14 +990,18 @@ def load_config(
     return obj
 
 
+def _kind(value: Any) -> str:
+    """What a config value is, in words: ``mapping``, ``list`` or its Python type name."""
+    if isinstance(value, DictConfig):
+        return "mapping"
+    return "list" if isinstance(value, ListConfig) else type(value).__name__
+
+
 def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, schema: type,
                         source: str) -> Optional[ConfigError]:
     """The "Wrong type" error for the first override whose value is a mapping or a list where
     the field holds something else, which OmegaConf reports only as
     "Cannot merge incompatible container types"; None when no override is such a one."""
-
-    def kind(x: Any) -> str:
-        return "mapping" if isinstance(x, DictConfig) else "list" if isinstance(x, ListConfig) else "value"
 
     try:
         structured = _schema_for(schema, raw)
@@ -1011,7 +1013,8 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
         old = OmegaConf.select(raw, key, default=None)
         if old is None:
             old = OmegaConf.select(structured, key, default=None, throw_on_missing=False)
-        if new is None or old is None or kind(new) == "value" or kind(new) == kind(old):
+        if (new is None or old is None or not isinstance(new, (DictConfig, ListConfig))
+                or _kind(new) == _kind(old)):
             continue  # a plain value of the wrong type is reported by _translate
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(structured, parent) if parent else structured
@@ -1019,7 +1022,7 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
         expected = _field_type_name(cls, leaf)
         shown = o.partition("=")[2].strip()
         return ConfigError(f"Wrong type for config key {key!r} in {source}: expected {expected}, "
-                           f"got {shown} ({kind(new)}).")
+                           f"got {shown} ({_kind(new)}).")
     return None
 
 

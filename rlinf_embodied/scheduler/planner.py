@@ -371,8 +371,6 @@ def search(
     last = len(s.stages) - 1
     # Plans use every device they are given; beyond what the job can give work to (or where
     # its envs do not split evenly over every device) fewer devices are planned, the rest idle.
-    # Plans use every device they are given; beyond what the job can give work to (or where
-    # its envs do not split evenly over every device) fewer devices are planned, the rest idle.
     first_why = None
     for used in range(min(devices, max_useful_devices(graph)), 0, -1):
         roots: list = []
