@@ -1,0 +1,1 @@
+"""placeholder: OpenMP wait settings move here from runtime/device.py (issue 34)."""
