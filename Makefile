@@ -8,7 +8,7 @@ export MUJOCO_GL ?= egl
 # source, which on a loaded 2-core machine outlasts Ray's fixed raylet start-up wait.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo test test-all doctor bench gpu-check lint clean
+.PHONY: setup demo test test-all doctor bench gpu-check lint docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -38,8 +38,14 @@ bench: setup
 gpu-check: setup
 	$(PY) scripts/gpu_check.py
 
+# ruff, then the import-layer contracts of pyproject.toml ([tool.importlinter]) and the cycle check
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) scripts/lint_imports.py
+
+# the docs site (mkdocs.yml, docs/) into site/; --strict turns warnings (broken links) into errors
+docs: setup
+	$(PY) -m mkdocs build --strict -q
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
