@@ -137,8 +137,8 @@ def reasoning_setup(root, prompts: int, group: int, max_new_tokens: int):
     from rlinf_embodied.elastic.weights import weight_store
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
     from rlinf_embodied.reasoning.launch import prepare_model_dir
-    from rlinf_embodied.reasoning.messages import PromptRequest
-    from rlinf_embodied.reasoning.tasks import format_prompt, load_problems
+    from rlinf_embodied.llm.messages import PromptRequest
+    from rlinf_embodied.llm.tasks import format_prompt, load_problems
 
     cfg = load("configs/reasoning_grpo_tiny.yaml", [
         f"rollout.prompts_per_step={prompts}", f"algorithm.group_size={group}",
@@ -161,7 +161,7 @@ def measure_reasoning(cfg, model_dir, reqs, preemptible: int, iterations: int, c
     (replacements join at once)."""
     from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
     from rlinf_embodied.elastic.pool import ElasticRolloutPool
-    from rlinf_embodied.elastic.reasoning import ElasticReasoningWorker, migration_metrics, shard_items
+    from rlinf_embodied.reasoning.elastic import ElasticReasoningWorker, migration_metrics, shard_items
 
     G = cfg.algorithm.group_size
     sched = [PreemptionEvent(i, 1 + 2 * k) for i in range(1, iterations + 1) for k in range(kills)]

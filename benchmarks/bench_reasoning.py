@@ -2,7 +2,7 @@
 
 Runs in the vLLM venv (``.venv-vllm``; started from another interpreter it re-executes itself
 there when that venv exists). All numbers use the tiny Qwen2 of
-``rlinf_embodied.reasoning.tiny_model`` on CPU, so they compare code paths, not model speeds.
+``rlinf_embodied.llm.tiny_model`` on CPU, so they compare code paths, not model speeds.
 Prints one JSON line last:
 
     hf_tokens_per_s, vllm_tokens_per_s, vllm_vs_hf     generated tokens/s at the same batch
@@ -67,7 +67,7 @@ def _loadavg() -> str:
 
 
 def _prompts(tok, n: int):
-    from rlinf_embodied.reasoning.tasks import arithmetic_problems
+    from rlinf_embodied.llm.tasks import arithmetic_problems
 
     probs = arithmetic_problems("test", n, seed=0)
     return [tok.encode(f"{p.question}=") for p in probs]
@@ -77,7 +77,7 @@ def bench_generation(model_dir: str, batch: int, new_tokens: int) -> dict:
     """Same prompts, sampling settings and thread count through both backends."""
     from transformers import AutoTokenizer
 
-    from rlinf_embodied.reasoning.backends import make_backend
+    from rlinf_embodied.llm.backends import make_backend
     from rlinf_embodied.reasoning.config import ReasoningRolloutConfig
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -151,11 +151,11 @@ def bench_runner(work: Path, quick: bool, backend: str) -> dict:
     ``placement: auto`` (the first step of each run is left out: it includes warm-up)."""
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
-    from rlinf_embodied.runners.reasoning import ReasoningRunner
+    from rlinf_embodied.reasoning.runner import ReasoningRunner
     from rlinf_embodied.runners.setup import resolve_placement
     from rlinf_embodied.runtime import PlacementPlan
     from rlinf_embodied.scheduler.cost_model import CostModel
-    from rlinf_embodied.scheduler.reasoning import (plan_reasoning_config,
+    from rlinf_embodied.reasoning.schedule import (plan_reasoning_config,
                                                     reasoning_plan_for_placement,
                                                     reasoning_profile_for_config)
 
@@ -236,8 +236,9 @@ def _auto_placement(overrides: list, run_dir: Path) -> Path:
 
     from rlinf_embodied.config import load_config
     from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.reasoning.launch import launch_reasoning_groups
+    from rlinf_embodied.reasoning.schedule import auto_plan_reasoning
     from rlinf_embodied.runtime import Cluster
-    from rlinf_embodied.scheduler.reasoning import auto_plan_reasoning
 
     cfg = load_config(ROOT / "configs" / "reasoning_grpo_tiny.yaml", overrides,
                       schema=ReasoningJobConfig)
@@ -245,7 +246,8 @@ def _auto_placement(overrides: list, run_dir: Path) -> Path:
                       num_cpu_devices=cfg.cluster.num_cpu_devices)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        placement = auto_plan_reasoning(cfg, cluster, run_dir, "bench-auto")
+        placement = auto_plan_reasoning(cfg, cluster, run_dir, "bench-auto",
+                                        launch_reasoning_groups)
     finally:
         cluster.shutdown()  # a no-op here: _init_ray's session stays for the runs
     path = run_dir.parent / "auto_placement.yaml"
@@ -264,7 +266,7 @@ def main() -> None:
     # OMP_NUM_THREADS is set).
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     _reexec_in_vllm_venv()
-    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.llm.tiny_model import build_tiny_model
 
     load0 = _loadavg()
     batch, new_tokens = (16, 32) if args.quick else (64, 64)

@@ -271,6 +271,7 @@ def _loadavg() -> float:
 
 def profile_main_job(out_dir: Path, repeats: int):
     """Measure the main job's profile (cached in ``out_dir``); returns (profile, seconds)."""
+    from rlinf_embodied.runners.setup import EmbodiedLauncher
     from rlinf_embodied.runtime import Cluster
     from rlinf_embodied.scheduler.auto import measure_profile
 
@@ -279,7 +280,8 @@ def profile_main_job(out_dir: Path, repeats: int):
     # 2 slots (the hybrid config's): the actor's data-parallel loop runs one rank per slot
     cluster = Cluster(num_cpu_devices=2)
     with contextlib.redirect_stdout(sys.stderr):
-        prof = measure_profile(cfg, cluster, out_dir / "profile", "bench", repeats=repeats,
+        prof = measure_profile(cfg, cluster, out_dir / "profile", EmbodiedLauncher(), "bench",
+                               repeats=repeats,
                                message_repeats=repeats, loop_iterations=7)
     return prof, time.perf_counter() - t0
 

@@ -423,7 +423,7 @@ def plan(
 ) -> None:
     """Choose placement (temporal / spatial / hybrid) and granularity from profiles."""
     from rlinf_embodied.config import ConfigError, check_repeated_overrides
-    from rlinf_embodied.scheduler.cli_plan import plan_command
+    from rlinf_embodied.cli_plan import plan_command
 
     try:
         check_repeated_overrides(overrides or [])

@@ -147,7 +147,7 @@ def check_oft_tiny_bf16(quick: bool) -> dict:
     from rlinf_embodied.policies.base import SpaceSpec
 
     from rlinf_embodied.config import load_config
-    from rlinf_embodied.workers.env_worker import synthetic_obs
+    from rlinf_embodied.workers.common import synthetic_obs
 
     cfg = load_config(ROOT / "configs/libero_spatial_grpo_openvla_oft_tiny.yaml", ["policy.dtype=bfloat16"])
     s = cfg.env.image_size

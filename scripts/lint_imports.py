@@ -114,14 +114,29 @@ def module_cycles(graph) -> list:
 
 
 def build_graph(staged: Path):
-    """grimp's graph of the staged ``rlinf_embodied`` (external packages left out)."""
+    """grimp's graph of the staged ``rlinf_embodied`` (external packages left out).
+
+    grimp finds the package through the import system, so an ``rlinf_embodied`` already
+    imported in this process (from the editable install, whose package folder lacks the mapped
+    ``envs/``, ``policies/``, ``eval/``) would shadow the staged copy: those entries are taken
+    out of ``sys.modules`` while the graph is built and put back afterwards.
+    """
+    import importlib
+
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules)
+             if k == "rlinf_embodied" or k.startswith("rlinf_embodied.")}
     sys.path.insert(0, str(staged))
+    importlib.invalidate_caches()
     try:
         import grimp
 
         return grimp.build_graph("rlinf_embodied", cache_dir=None)
     finally:
         sys.path.remove(str(staged))
+        for k in [k for k in sys.modules if k == "rlinf_embodied" or k.startswith("rlinf_embodied.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        importlib.invalidate_caches()
 
 
 def check(root: Path) -> int:

@@ -6,7 +6,7 @@
 * :class:`~rlinf_embodied.elastic.runner.ElasticEmbodiedRunner`: the embodied runner on it.
 * :class:`~rlinf_embodied.elastic.multinode.LocalMultiNodeCluster`: real raylets on one machine.
 
-* :class:`~rlinf_embodied.elastic.reasoning.ElasticReasoningRunner`: the reasoning runner on
+* :class:`~rlinf_embodied.reasoning.elastic.ElasticReasoningRunner`: the reasoning runner on
   it, with token-level migration (a preempted worker's responses continue from their partial
   tokens elsewhere, bit-identical to an un-preempted run).
 

@@ -19,7 +19,7 @@ from rlinf_embodied.runners.embodied import EmbodiedRunner
 from rlinf_embodied.runners.setup import Groups
 from rlinf_embodied.runtime import PerRank
 from rlinf_embodied.workers.actor_worker import ActorWorker
-from rlinf_embodied.workers.env_worker import cat_env_axis
+from rlinf_embodied.workers.common import cat_env_axis
 
 __all__ = ["ElasticActorWorker", "ElasticEmbodiedRunner", "ElasticGroups"]
 

@@ -23,7 +23,7 @@ from rlinf_embodied.config import JobConfig
 from rlinf_embodied.elastic.weights import PullsWeights
 from rlinf_embodied.runtime import Worker
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.workers.env_worker import request_seed
+from rlinf_embodied.workers.common import request_seed
 
 __all__ = ["ElasticRolloutWorker", "shard_reset"]
 

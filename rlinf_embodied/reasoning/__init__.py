@@ -1,8 +1,9 @@
-"""Reasoning-LLM RL (GRPO/DAPO on math-style tasks) on the M2Flow runtime.
+"""The reasoning-LLM RL workflow (GRPO/DAPO on math-style tasks) on the M2Flow runtime.
 
-Modules: ``config`` (job and section dataclasses), ``backends`` (generation backends behind one
-interface: HF transformers and vLLM), ``tiny_model`` (a tiny Qwen2 + tokenizer built from config
-for CPU tests), ``tasks`` (procedural arithmetic task set and a GSM8K/MATH-style JSONL loader),
-``verifier`` (rule-based answer checking with math-verify). Importing this package imports
-neither transformers nor vLLM.
+Modules: ``config`` (job and section dataclasses), ``launch`` (starting the rollout, reward and
+actor groups where the placement puts them), ``runner`` (the main loop), ``elastic`` (the runner
+on the elastic rollout pool, with token-level migration), ``schedule`` (the workflow's graph,
+analytic profile and profiling for the scheduler), ``cli`` (checks run before anything starts).
+The domain it runs on (tasks, verifier, generation backends, messages, the tiny model) is
+:mod:`rlinf_embodied.llm`. Importing this package imports neither transformers nor vLLM.
 """

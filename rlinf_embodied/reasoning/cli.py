@@ -100,12 +100,12 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
         while (run_dir / "results.json").exists():  # never overwrite a finished run
             i += 1
             run_dir = cfg.run.run_dir().with_name(f"{cfg.run.run_dir().name}_{i}")
-        from rlinf_embodied.runners.reasoning import ReasoningRunner
+        from rlinf_embodied.reasoning.runner import ReasoningRunner
 
         new_dir = not run_dir.exists()
         print(f"run directory: {run_dir}")
         if cfg.elastic.enabled:  # rollout on reserved + preemptible workers (elastic/reasoning.py)
-            from rlinf_embodied.elastic.reasoning import ElasticReasoningRunner
+            from rlinf_embodied.reasoning.elastic import ElasticReasoningRunner
 
             runner = ElasticReasoningRunner(cfg, run_dir)
         else:

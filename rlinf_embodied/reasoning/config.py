@@ -32,7 +32,7 @@ class ModelConfig:
 
     path: Optional[str] = None
     """Local HF model directory (e.g. a downloaded Qwen2.5-0.5B-Instruct); None builds the tiny
-    model (:mod:`rlinf_embodied.reasoning.tiny_model`) into ``{run_dir}/tiny_model``."""
+    model (:mod:`rlinf_embodied.llm.tiny_model`) into ``{run_dir}/tiny_model``."""
     tiny_seed: int = 0
     """Weight-initialisation seed of the tiny model (when ``path`` is None)."""
     tiny_layers: int = 2
@@ -48,7 +48,7 @@ class TaskConfig:
     """Where prompts and reference answers come from."""
 
     type: str = "arithmetic"
-    """``arithmetic`` (procedural, shipped; :func:`~rlinf_embodied.reasoning.tasks.arithmetic_problems`)
+    """``arithmetic`` (procedural, shipped; :func:`~rlinf_embodied.llm.tasks.arithmetic_problems`)
     or ``jsonl`` (GSM8K/MATH-style file at ``path``)."""
     path: Optional[str] = None
     """Training JSONL file (``type: jsonl``)."""
@@ -264,7 +264,7 @@ class ReasoningJobConfig:
     eval: ReasoningEvalConfig = field(default_factory=ReasoningEvalConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic rollout on reserved + preemptible workers (``elastic.enabled``; responses of a
-    preempted worker continue from their partial tokens, rlinf_embodied/elastic/reasoning.py)."""
+    preempted worker continue from their partial tokens, rlinf_embodied/reasoning/elastic.py)."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self):

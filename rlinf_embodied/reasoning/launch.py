@@ -27,8 +27,8 @@ def prepare_model_dir(cfg, run_dir: Path) -> str:
             raise FileNotFoundError(f"model.path={p} is not an HF model directory (no config.json); "
                                     f"point it at a local model or drop it to build the tiny model.")
         return str(p)
-    from rlinf_embodied.reasoning.tasks import corpus_text, load_problems
-    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.llm.tasks import corpus_text, load_problems
+    from rlinf_embodied.llm.tiny_model import build_tiny_model
 
     texts = corpus_text(load_problems(cfg.task, "train"), cfg.task.prompt_format)
     return str(build_tiny_model(Path(run_dir) / "tiny_model", texts, seed=cfg.model.tiny_seed,
@@ -102,14 +102,15 @@ def resolve_reasoning_placement(cfg, cluster, run_dir: Path, run_id: str):
     """The runtime ``PlacementPlan`` of ``cfg.placement`` on ``cluster``: the named placement
     file, or with ``auto`` the scheduler's plan (profiling the workers unless the run
     directory caches a profile for this config, see
-    :func:`~rlinf_embodied.scheduler.reasoning.auto_plan_reasoning`)."""
+    :func:`~rlinf_embodied.reasoning.schedule.auto_plan_reasoning`)."""
     from rlinf_embodied.runners.setup import resolve_placement
     from rlinf_embodied.runtime import PlacementPlan
 
     if cfg.placement == "auto":
-        from rlinf_embodied.scheduler.reasoning import auto_plan_reasoning
+        from rlinf_embodied.reasoning.schedule import auto_plan_reasoning
 
-        return PlacementPlan.from_dict(auto_plan_reasoning(cfg, cluster, run_dir, run_id))
+        return PlacementPlan.from_dict(auto_plan_reasoning(cfg, cluster, run_dir, run_id,
+                                                           launch_reasoning_groups))
     return PlacementPlan.from_yaml(resolve_placement(cfg.placement))
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 from rlinf_embodied.config import ConfigError, JobConfig
 
-__all__ = ["Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
+__all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
            "check_minibatches", "validate_job"]
 
 
@@ -197,9 +197,46 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora), plan)
 
 
-PROFILING_PLACEMENT = {"context_switch": True, "groups": {
-    g: {"devices": "0"} for g in ("env", "rollout", "actor")}}
-"""Where ``placement=auto`` profiles the components: one rank each, taking turns on device 0."""
+class EmbodiedLauncher:
+    """The embodied workflow's :class:`~rlinf_embodied.scheduler.auto.GroupLauncher`: how
+    ``placement=auto`` starts its groups for profiling (the scheduler imports no runner)."""
+
+    def launch(self, cfg: JobConfig, run_dir: Path, run_id: str, placement: dict) -> Groups:
+        """:func:`launch_groups` of ``cfg`` placed by the ``placement`` dict, no checkpoint."""
+        from rlinf_embodied.runtime import PlacementPlan
+
+        return launch_groups(cfg, Path(run_dir), run_id, None,
+                             plan=PlacementPlan.from_dict(placement))
+
+    def actor_group(self, cfg: JobConfig, cluster, spec: dict, run_id: str, ranks: int,
+                    spread: bool):
+        """``ranks`` FSDP actor ranks alone (one per device when ``spread``, else all on device
+        0), set up from scratch; returns ``(group, cleanup)``."""
+        from rlinf_embodied.runtime import Channel, WorkerGroup
+        from rlinf_embodied.workers.actor_worker import ActorWorker
+        from rlinf_embodied.workers.env_worker import ChannelNames
+
+        names = ChannelNames(*(f"{run_id}/{k}" for k in ("obs", "actions", "trajectories")))
+        channels = [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
+        group = None
+
+        def cleanup() -> None:
+            if group is not None:
+                group.shutdown()
+            for ch in channels:
+                ch.delete()
+
+        try:
+            group = WorkerGroup(cluster, ActorWorker, "actor",
+                                devices=list(range(ranks)) if spread else [0],
+                                procs_per_device=1 if spread else ranks,
+                                init_args=(cfg, spec, names, 1))
+            group.init_process_group()
+            group.setup(None).wait()
+        except BaseException:
+            cleanup()
+            raise
+        return group, cleanup
 
 
 def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
@@ -211,7 +248,7 @@ def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
 
     if profile_for_config(cfg, run_dir).source.startswith("analytic"):
         print("placement=auto: profiling env, rollout, actor and channel messages on device 0 ...")
-        measure_profile(cfg, cluster, run_dir, run_id)
+        measure_profile(cfg, cluster, run_dir, EmbodiedLauncher(), run_id)
     placement, report = auto_plan(cfg, cluster, run_dir)
     print(report["text"])
     stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))

@@ -9,7 +9,10 @@ This is the API ``train ... placement=auto`` and ``plan`` use:
 * :func:`plan_for_placement` - the plan tree of a fixed placement (a ``configs/placement`` YAML),
   so that a configured run can be predicted and compared with its measurement.
 * :func:`measure_profile` - profile a job's real workers (env, rollout, actor, weight sync) and
-  its channel messages (:func:`~.profiler.profile_messages` at :func:`message_sizes`).
+  its channel messages (:func:`~.profiler.profile_messages` at :func:`message_sizes`). The
+  workflow hands it a :class:`GroupLauncher` that starts its worker groups: the scheduler never
+  imports a runner, a worker role or a workflow (``runners.setup.EmbodiedLauncher`` is the
+  embodied workflow's).
 * :func:`auto_plan` - profile (when components are given), cache, plan; returns the placement
   dict in the runtime's YAML shape and a report.
 """
@@ -20,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rlinf_embodied.scheduler.cost_model import Cycle, Leaf, Plan, Spatial, Temporal
 from rlinf_embodied.scheduler.graph import WorkflowGraph, embodied_graph
@@ -44,7 +47,10 @@ from rlinf_embodied.scheduler.profiler import (
 from rlinf_embodied.scheduler.profiles import WorkflowProfile, analytic_default_profile
 
 __all__ = [
+    "PROFILING_PLACEMENT",
+    "GroupLauncher",
     "auto_plan",
+    "default_device_memory",
     "cpu_cores",
     "default_batch_sizes",
     "graph_from_config",
@@ -57,6 +63,33 @@ __all__ = [
     "profile_for_config",
     "with_cpu_terms",
 ]
+
+
+PROFILING_PLACEMENT = {"context_switch": True, "groups": {
+    g: {"devices": "0"} for g in ("env", "rollout", "actor")}}
+"""Where ``placement=auto`` profiles the components: one rank each, taking turns on device 0
+(a workflow whose roles have other names maps them onto these slots)."""
+
+
+class GroupLauncher(Protocol):
+    """How a workflow starts its worker groups for profiling (given to :func:`measure_profile`).
+
+    The scheduler calls these and the worker methods ``profile_step`` / ``profile_act`` /
+    ``profile_train``, ``space_spec``, ``profile_close``, ``serve``, ``rollout``, ``train`` by
+    name; it never imports the roles.
+    """
+
+    def launch(self, cfg: Any, run_dir: Path, run_id: str, placement: dict) -> Any:
+        """Start the env, rollout and actor groups of ``cfg`` placed by ``placement`` (a dict
+        in the placement YAML's shape) on the running cluster; returns an object with ``env``,
+        ``rollout``, ``actor`` worker groups, ``sync`` (``push(version)``) and
+        ``shutdown(keep_cluster)``."""
+
+    def actor_group(self, cfg: Any, cluster: Any, spec: dict, run_id: str, ranks: int,
+                    spread: bool) -> tuple[Any, Any]:
+        """Start ``ranks`` actor ranks (one per device when ``spread``, else all on device 0)
+        with their process group set up; returns ``(group, cleanup)``, ``cleanup()`` stops
+        the group and frees its channels."""
 
 
 def _obs_bytes(env_cfg: Any) -> float:
@@ -218,7 +251,8 @@ def plan_for_placement(cfg: Any, placement: Any, num_devices: int) -> Plan:
     return Spatial(cyc, leaf, 1)
 
 
-def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "profile",
+def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, launcher: GroupLauncher,
+                    run_id: str = "profile",
                     repeats: int = 3, message_repeats: int = 10,
                     dp_ranks: int = 2, warmup: int = 3,
                     loop_iterations: int = 0, loop_warmup: int = 2) -> WorkflowProfile:
@@ -239,6 +273,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         cfg: The ``JobConfig``.
         cluster: A started runtime ``Cluster``.
         run_dir: Where the profile is cached.
+        launcher: The workflow's :class:`GroupLauncher`.
         run_id: Prefix of the profiling run's channel names.
         repeats: Timed calls per component batch size (the median is kept).
         message_repeats: Round trips per message size.
@@ -254,14 +289,11 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         loop_warmup: Untimed loop iterations first (fresh processes run their first
             iterations slower).
     """
-    from rlinf_embodied.runners.setup import PROFILING_PLACEMENT, launch_groups
-    from rlinf_embodied.runtime import PlacementPlan
     from rlinf_embodied.scheduler.profiler import WorkerGroupComponent
 
     probe = dataclasses.replace(cfg, placement="<profiling>", trainer=dataclasses.replace(
         cfg.trainer, pipeline_stages=1))
-    groups = launch_groups(probe, Path(run_dir), run_id + "-profile", None,
-                           plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
+    groups = launcher.launch(probe, Path(run_dir), run_id + "-profile", PROFILING_PLACEMENT)
     try:
         components = [
             WorkerGroupComponent("env", groups.env, "profile_step"),
@@ -271,7 +303,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
         versions = iter(range(1, 1 << 30))
         sizes = default_batch_sizes(cfg, 1)  # up to every env on one device
         profile = profile_workflow(
-            components, sizes, _device_memory(),
+            components, sizes, default_device_memory(),
             weight_sync=lambda: groups.sync.push(next(versions)), repeats=repeats,
             warmup=warmup,
         )
@@ -284,7 +316,8 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
     actor = profile["actor"]
     if dp_ranks > 1:
         batch = max(1, sizes["actor"][-1] // dp_ranks)
-        t_dp = _data_parallel_train_s(cfg, cluster, spec, run_id, dp_ranks, batch, repeats)
+        t_dp = _data_parallel_train_s(cfg, cluster, spec, run_id, dp_ranks, batch, repeats,
+                                      launcher)
         eff = min(1.0, max(1e-3, (actor.time(batch) / t_dp) ** (1.0 / math.log2(dp_ranks))))
         profile = dataclasses.replace(profile, components={
             **profile.components, "actor": dataclasses.replace(actor, dp_efficiency=eff)})
@@ -299,8 +332,7 @@ def measure_profile(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str = "
             "actor": {"devices": f"0-{dp_ranks - 1}"}}}
         wide = dataclasses.replace(probe, cluster=dataclasses.replace(
             probe.cluster, num_cpu_devices=max(dp_ranks, probe.cluster.num_cpu_devices)))
-        groups = launch_groups(wide, Path(run_dir), run_id + "-loop-dp", None,
-                               plan=PlacementPlan.from_dict(dp_plan))
+        groups = launcher.launch(wide, Path(run_dir), run_id + "-loop-dp", dp_plan)
         try:
             loop_dp = measure_loop(groups, iter(range(1, 1 << 30)), loop_iterations, loop_warmup)
         finally:
@@ -337,7 +369,7 @@ def measure_loop(groups: Any, versions: Any, iterations: int = 2, warmup: int = 
     rollout's forwards) and ``requests`` (policy queries answered).
 
     Args:
-        groups: :class:`~rlinf_embodied.runners.setup.Groups` of one rank each.
+        groups: Launched groups of one rank each (what :meth:`GroupLauncher.launch` returns).
         versions: Iterator of fresh weight versions (the weight sync needs a new one each time).
         iterations: Iterations timed.
         warmup: Iterations run first and not timed.
@@ -431,30 +463,18 @@ def with_cpu_terms(profile: WorkflowProfile, cfg: Any, cores: int, loop: dict | 
 
 
 def _data_parallel_train_s(cfg: Any, cluster: Any, spec: dict, run_id: str, ranks: int,
-                           batch: int, repeats: int) -> float:
+                           batch: int, repeats: int, launcher: GroupLauncher) -> float:
     """Median seconds of ``profile_train(batch)`` on ``ranks`` FSDP actor ranks at once."""
-    from rlinf_embodied.runtime import Channel, WorkerGroup
     from rlinf_embodied.scheduler.profiler import WorkerGroupComponent, profile_component
-    from rlinf_embodied.workers.actor_worker import ActorWorker
-    from rlinf_embodied.workers.env_worker import ChannelNames
 
-    names = ChannelNames(*(f"{run_id}-dp/{k}" for k in ("obs", "actions", "trajectories")))
-    channels = [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
     spread = int(cluster.num_devices) >= ranks
-    group = None
+    group, cleanup = launcher.actor_group(cfg, cluster, spec, run_id + "-dp", ranks, spread)
     try:
-        group = WorkerGroup(cluster, ActorWorker, "actor", devices=list(range(ranks)) if spread else [0],
-                            procs_per_device=1 if spread else ranks, init_args=(cfg, spec, names, 1))
-        group.init_process_group()
-        group.setup(None).wait()
         prof = profile_component(WorkerGroupComponent("actor", group, "profile_train"), [batch],
                                  repeats=repeats)
         return prof.time_s[0]
     finally:
-        if group is not None:
-            group.shutdown()
-        for ch in channels:
-            ch.delete()
+        cleanup()
 
 
 def default_batch_sizes(cfg: Any, devices: int) -> dict:
@@ -515,7 +535,7 @@ def auto_plan(
         profile = profile_workflow(
             components,
             default_batch_sizes(job_cfg, devices),
-            device_memory_bytes or _device_memory(),
+            device_memory_bytes or default_device_memory(),
             weight_sync=weight_sync,
             messages=messages,
         )
@@ -533,7 +553,8 @@ def auto_plan(
     return result.placement(), report
 
 
-def _device_memory() -> float:
+def default_device_memory() -> float:
+    """Memory of the first CUDA device, else 16 GiB (the CPU stand-in), in bytes."""
     try:
         import torch
 

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from rlinf_embodied.algorithms.update import make_optimizer, param_groups, update_policy
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
-from rlinf_embodied.workers.env_worker import ChannelNames, cat_env_axis
+from rlinf_embodied.workers.common import cat_env_axis, move_optimizer
+from rlinf_embodied.workers.env_worker import ChannelNames
 
 __all__ = ["ActorWorker"]
 
@@ -132,7 +133,7 @@ class ActorWorker(Worker):
         starts from are unchanged. Returns peak device memory in bytes (0 on CPU).
         """
         from rlinf_embodied.algorithms import LossBatch, get_loss
-        from rlinf_embodied.workers.env_worker import _peak_bytes, synthetic_obs
+        from rlinf_embodied.workers.common import peak_bytes, synthetic_obs
 
         with torch.no_grad():
             out = self.policy.act(synthetic_obs(self.spec.to_dict(), batch), mode="sample")
@@ -145,7 +146,7 @@ class ActorWorker(Worker):
         loss, _ = get_loss(self.cfg.algorithm.loss)(mb, self.cfg.algorithm)
         loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
-        return _peak_bytes()
+        return peak_bytes()
 
     def _mean_across_ranks(self, value: float) -> float:
         if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -201,21 +202,12 @@ class ActorWorker(Worker):
     def onload(self) -> None:
         if self.torch_device != "cpu" and not self.cfg.trainer.offload:
             self.policy.to(self.torch_device)
-            _move_optimizer(self.optimizer, self.torch_device)
+            move_optimizer(self.optimizer, self.torch_device)
 
     def offload(self) -> None:
         if self.torch_device != "cpu" and not self.cfg.trainer.offload:
             self.policy.to("cpu")
-            _move_optimizer(self.optimizer, "cpu")
-
-
-def _move_optimizer(opt: Optional[torch.optim.Optimizer], device: str) -> None:
-    if opt is None:
-        return
-    for state in opt.state.values():
-        for k, v in state.items():
-            if isinstance(v, torch.Tensor):
-                state[k] = v.to(device, non_blocking=True)
+            move_optimizer(self.optimizer, "cpu")
 
 
 def _rng_state() -> dict:

@@ -35,10 +35,10 @@ import torch
 
 from rlinf_embodied.config import JobConfig
 from rlinf_embodied.runtime import Channel, Worker
+from rlinf_embodied.workers.common import cat_env_axis, peak_bytes, request_seed
 from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest, restore_echoes
 
-__all__ = ["ChannelNames", "EnvWorker", "actor_slices", "cat_env_axis", "request_seed",
-           "stream_assignment", "synthetic_obs"]
+__all__ = ["ChannelNames", "EnvWorker", "actor_slices", "stream_assignment"]
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,6 @@ def actor_slices(first: int, count: int, num_envs: int, num_actor_ranks: int) ->
     return out
 
 
-def cat_env_axis(parts: List[dict]) -> dict:
-    """Concatenate trajectory dicts along the env axis (axis 1; ``group_ids`` axis 0)."""
-    out = {}
-    for k, v in parts[0].items():
-        if isinstance(v, dict):
-            out[k] = {kk: torch.cat([p[k][kk] for p in parts], 1) for kk in v}
-        else:
-            out[k] = torch.cat([p[k] for p in parts], 0 if k == "group_ids" else 1)
-    return out
-
-
 def _slice_envs(traj: dict, lo: int, hi: int) -> dict:
     """Envs ``[lo, hi)`` of a trajectory dict (env axis 1; ``group_ids`` axis 0)."""
     out = {}
@@ -93,11 +82,6 @@ def _slice_envs(traj: dict, lo: int, hi: int) -> dict:
         else:
             out[k] = v[lo:hi] if k == "group_ids" else v[:, lo:hi]
     return out
-
-
-def request_seed(run_seed: int, iteration: int, stream: int, step: int, phase: int = 0) -> int:
-    """Sampling seed of one policy query: a pure function of where it sits in the run."""
-    return (((run_seed * 1_000_003 + phase) * 100_003 + iteration) * 1009 + stream) * 10_007 + step
 
 
 class EnvWorker(Worker):
@@ -363,7 +347,7 @@ class EnvWorker(Worker):
             low, high = torch.as_tensor(a.low), torch.as_tensor(a.high)
             actions = low + (high - low) * torch.rand(batch, 1, a.dim)
         env.chunk_step(actions)
-        return _peak_bytes()
+        return peak_bytes()
 
     def profile_close(self) -> None:
         """Close the envs built for profiling."""
@@ -376,22 +360,6 @@ class EnvWorker(Worker):
         self.profile_close()
         for env in [*self.envs, *self._eval_envs.values()]:
             env.close()
-
-
-def _peak_bytes() -> float:
-    """Peak accelerator memory of this process so far (0 without one)."""
-    return float(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0.0
-
-
-def synthetic_obs(spec: dict, batch: int, task: str = "do the task") -> dict:
-    """An observation batch of the env's shapes (zeros), for profiling policies."""
-    obs: Dict[str, Any] = {"task_descriptions": [task] * batch}
-    if spec.get("state_dim"):
-        obs["states"] = torch.zeros(batch, spec["state_dim"])
-    for key, shape_key in (("main_images", "image_shape"), ("wrist_images", "wrist_image_shape")):
-        if spec.get(shape_key):
-            obs[key] = torch.zeros(batch, *spec[shape_key], dtype=torch.uint8)
-    return obs
 
 
 class _Trajectory:

@@ -30,7 +30,7 @@ class PolicyRequest:
 
     Attributes:
         obs: The observation batch of the stream (the BatchedEnv obs dict, N envs).
-        seed: Sampling seed of this query (:func:`~rlinf_embodied.workers.env_worker.request_seed`),
+        seed: Sampling seed of this query (:func:`~rlinf_embodied.workers.common.request_seed`),
             so the same query gets the same actions on any rank and in any batch.
         reply: Key of the reply on the ``actions`` channel.
         mode: ``"sample"`` or ``"greedy"``.

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from rlinf_embodied.reasoning.messages import EndOfStream, Response
+from rlinf_embodied.llm.messages import EndOfStream, Response
 from rlinf_embodied.runtime import Channel, Worker
 
 __all__ = ["ReasoningActorWorker", "pack_responses", "token_logprobs"]
@@ -302,7 +302,7 @@ class ReasoningActorWorker(Worker):
     def sft(self, steps: int) -> Dict[str, float]:
         """``trainer.sft_steps`` steps of next-token cross-entropy on the task's training
         solutions (prompt tokens masked out), before RL. Returns the first/last losses."""
-        from rlinf_embodied.reasoning.tasks import format_prompt, load_problems
+        from rlinf_embodied.llm.tasks import format_prompt, load_problems
 
         t = self.cfg.trainer
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -336,7 +336,7 @@ class ReasoningActorWorker(Worker):
     def profile_train(self, batch: int) -> float:
         """Forward + backward of the loss on ``batch`` synthetic responses (scheduler
         profiling); no optimizer step. Returns peak device bytes (0 on CPU)."""
-        from rlinf_embodied.workers.env_worker import _peak_bytes
+        from rlinf_embodied.workers.common import peak_bytes
 
         R = self.cfg.rollout.max_new_tokens
         seqs = [[1 + (i % 7)] * 8 + [2 + (i % 5)] * R for i in range(batch)]
@@ -345,18 +345,18 @@ class ReasoningActorWorker(Worker):
             lp, _ = token_logprobs(self.model, ids, attn)
             (lp * mask).sum().backward()
             self.optimizer.zero_grad(set_to_none=True)
-        return _peak_bytes()
+        return peak_bytes()
 
     def onload(self) -> None:
         if self.torch_device != "cpu" and not self.cfg.trainer.offload:
-            from rlinf_embodied.workers.actor_worker import _move_optimizer
+            from rlinf_embodied.workers.common import move_optimizer
 
             self.model.to(self.torch_device)
-            _move_optimizer(self.optimizer, self.torch_device)
+            move_optimizer(self.optimizer, self.torch_device)
 
     def offload(self) -> None:
         if self.torch_device != "cpu" and not self.cfg.trainer.offload:
-            from rlinf_embodied.workers.actor_worker import _move_optimizer
+            from rlinf_embodied.workers.common import move_optimizer
 
             self.model.to("cpu")
-            _move_optimizer(self.optimizer, "cpu")
+            move_optimizer(self.optimizer, "cpu")

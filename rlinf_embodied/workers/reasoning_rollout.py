@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List
 
-from rlinf_embodied.reasoning.messages import EndOfStream, PromptRequest, Response, ResponseBatch
+from rlinf_embodied.llm.messages import EndOfStream, PromptRequest, Response, ResponseBatch
 from rlinf_embodied.runtime import Channel, Worker, flush_puts
 
 __all__ = ["ReasoningRolloutWorker", "long_tail_lengths", "rollout_seed"]
@@ -48,7 +48,7 @@ class ReasoningRolloutWorker(Worker):
 
         import torch
 
-        from rlinf_embodied.reasoning.backends import make_backend
+        from rlinf_embodied.llm.backends import make_backend
 
         self.cfg = cfg
         torch.manual_seed(cfg.run.seed)
@@ -138,7 +138,7 @@ class ReasoningRolloutWorker(Worker):
 
     def profile_generate(self, batch: int) -> float:
         """Generate for ``batch`` synthetic prompts (scheduler profiling); peak device bytes."""
-        from rlinf_embodied.workers.env_worker import _peak_bytes
+        from rlinf_embodied.workers.common import peak_bytes
 
         r = self.cfg.rollout
         prompts = [[1 + (i % 7)] * 8 for i in range(batch)]
@@ -147,7 +147,7 @@ class ReasoningRolloutWorker(Worker):
         with self.device_lock():
             self.backend.generate(prompts, max_new_tokens=r.max_new_tokens, temperature=1.0,
                                   top_p=1.0, seed=0, response_lengths=lengths)
-        return _peak_bytes()
+        return peak_bytes()
 
     def onload(self) -> None:
         self.backend.wake_up()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List
 
-from rlinf_embodied.reasoning.messages import EndOfStream, Response, ResponseBatch
+from rlinf_embodied.llm.messages import EndOfStream, Response, ResponseBatch
 from rlinf_embodied.runtime import Channel, Worker, flush_puts
 
 __all__ = ["RewardWorker"]
@@ -52,7 +52,7 @@ class RewardWorker(Worker):
         import torch
 
         from rlinf_embodied.algorithms.dapo import overlong_reward_penalty
-        from rlinf_embodied.reasoning.verifier import verify
+        from rlinf_embodied.llm.verifier import verify
 
         a = self.cfg.algorithm
         for r in responses:

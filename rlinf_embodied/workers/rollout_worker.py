@@ -139,10 +139,10 @@ class RolloutWorker(Worker):
     @torch.no_grad()
     def profile_act(self, batch: int) -> float:
         """One ``act`` on ``batch`` synthetic observations (scheduler profiling); peak bytes."""
-        from rlinf_embodied.workers.env_worker import _peak_bytes, synthetic_obs
+        from rlinf_embodied.workers.common import peak_bytes, synthetic_obs
 
         self.policy.act(synthetic_obs(self.spec, batch), mode="sample")
-        return _peak_bytes()
+        return peak_bytes()
 
     @torch.no_grad()
     def _answer_batch(self, group: list[PolicyRequest]) -> list[PolicyReply]:

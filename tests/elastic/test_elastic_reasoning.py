@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from rlinf_embodied.config import load_config
 from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
-from rlinf_embodied.elastic.reasoning import ElasticReasoningRunner
+from rlinf_embodied.reasoning.elastic import ElasticReasoningRunner
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 
 SMALL = ["trainer.sft_steps=10", "trainer.sft_batch_size=16",

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
-from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.reasoning.runner import ReasoningRunner
 
 SMALL = ["trainer.iterations=2", "trainer.sft_steps=30", "trainer.sft_batch_size=32",
          "trainer.eval_every=2", "trainer.save_every=1", "trainer.num_minibatches=2",

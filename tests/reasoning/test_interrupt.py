@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.cli import report_lines
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
-from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.reasoning.runner import ReasoningRunner
 from rlinf_embodied.runners.signals import StopSignals
 
 JOB = ["trainer.iterations=4", "trainer.sft_steps=4", "trainer.sft_batch_size=8", "trainer.eval_every=0",
@@ -69,7 +69,7 @@ def test_report_gives_a_reward_change_only_between_two_evaluations(tmp_path):
 
 def _ctrl_c_while_workers_start(monkeypatch, run_dir, capsys):
     """``train_reasoning`` with a real SIGINT delivered while the worker groups launch."""
-    import rlinf_embodied.runners.reasoning as runner_mod
+    import rlinf_embodied.reasoning.runner as runner_mod
     from rlinf_embodied.reasoning.cli import train_reasoning
 
     def launch(cfg, path, run_id):

@@ -16,7 +16,7 @@ import pytest
 
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
-from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.reasoning.runner import ReasoningRunner
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from rlinf_embodied.cli import app
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 from rlinf_embodied.runtime import PlacementPlan
-from rlinf_embodied.scheduler.reasoning import (
+from rlinf_embodied.reasoning.schedule import (
     _to_runtime_slots,
     plan_reasoning_config,
     reasoning_analytic_profile,
@@ -70,7 +70,7 @@ def test_placement_auto_resolves_from_a_cached_profile(tmp_path):
 
     from rlinf_embodied.reasoning.launch import resolve_reasoning_placement
     from rlinf_embodied.scheduler.profiler import save_profile
-    from rlinf_embodied.scheduler.reasoning import _profile_key
+    from rlinf_embodied.reasoning.schedule import _profile_key
 
     cfg = _cfg("placement=auto")
     prof = replace(reasoning_analytic_profile(cfg), source="measured (test)")

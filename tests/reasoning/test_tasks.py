@@ -6,8 +6,8 @@ import pytest
 
 from rlinf_embodied.config import ConfigError, load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig, is_reasoning_job
-from rlinf_embodied.reasoning.tasks import arithmetic_problems, load_jsonl
-from rlinf_embodied.reasoning.verifier import verify, verify_batch
+from rlinf_embodied.llm.tasks import arithmetic_problems, load_jsonl
+from rlinf_embodied.llm.verifier import verify, verify_batch
 
 
 def test_arithmetic_split_is_disjoint_deterministic_and_correct():
@@ -44,7 +44,7 @@ def test_verifier_checks_final_answers_symbolically():
 def test_tiny_model_is_deterministic_and_in_hf_layout(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.llm.tiny_model import build_tiny_model
 
     texts = ["12+3=15", "7-9=-2", "20+20=40"] * 20
     a = build_tiny_model(tmp_path / "a", texts, seed=1)
@@ -88,8 +88,8 @@ def test_long_tail_lengths_force_exact_response_lengths(tmp_path):
     """``rollout.long_tail_alpha``: Pareto lengths, and the HF backend generates exactly them
     (the streamed order follows the lengths: short responses leave first)."""
     from rlinf_embodied.reasoning.config import ReasoningRolloutConfig
-    from rlinf_embodied.reasoning.hf_backend import HFBackend
-    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.llm.hf_backend import HFBackend
+    from rlinf_embodied.llm.tiny_model import build_tiny_model
     from rlinf_embodied.workers.reasoning_rollout import long_tail_lengths
 
     lens = long_tail_lengths(2000, 1.0, 48, seed=0)

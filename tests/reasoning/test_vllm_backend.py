@@ -31,9 +31,9 @@ def _mean_abs(a, b):
 def setup(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlinf_embodied.reasoning.backends import make_backend
+    from rlinf_embodied.llm.backends import make_backend
     from rlinf_embodied.reasoning.config import ReasoningRolloutConfig
-    from rlinf_embodied.reasoning.tiny_model import build_tiny_model
+    from rlinf_embodied.llm.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -46,7 +46,7 @@ def setup(tmp_path_factory):
 
 
 def _hf_scores(actor, seqs, plens, pad_id):
-    from rlinf_embodied.reasoning.hf_backend import response_logprobs
+    from rlinf_embodied.llm.hf_backend import response_logprobs
 
     actor.eval()
     return response_logprobs(actor, seqs, plens, pad_id)

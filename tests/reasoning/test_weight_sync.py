@@ -5,7 +5,7 @@ import torch
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 from rlinf_embodied.reasoning.launch import launch_reasoning_groups
-from rlinf_embodied.reasoning.messages import PromptRequest
+from rlinf_embodied.llm.messages import PromptRequest
 
 COLLOCATED = "placement: {context_switch: true, groups: {env: {devices: '0'}, rollout: {devices: '0'}, actor: {devices: '0'}}}"
 

@@ -5,7 +5,7 @@ import json
 
 from rlinf_embodied.config import load_config
 from rlinf_embodied.scheduler.auto import auto_plan, profile_config_key
-from rlinf_embodied.scheduler.cli_plan import plan_command
+from rlinf_embodied.cli_plan import plan_command
 from rlinf_embodied.scheduler.profiler import save_profile
 from rlinf_embodied.scheduler.profiles import analytic_default_profile
 from tests.scheduler import scenarios

@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List
 
 import torch
 
-from rlinf_embodied.reasoning.backends import Generation, GenerationBackend
+from rlinf_embodied.llm.backends import Generation, GenerationBackend
 
 __all__ = ["HFBackend", "position_seed", "response_logprobs"]
 

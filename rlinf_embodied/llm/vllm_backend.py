@@ -2,7 +2,7 @@
 
 Lives in the vLLM venv only (``.venv-vllm``, built by ``scripts/setup.sh`` section 4): vLLM pins
 its own torch and numpy 2, the main venv keeps numpy < 2. Importing this module imports vLLM;
-:func:`rlinf_embodied.reasoning.backends.make_backend` turns the ImportError into a message.
+:func:`rlinf_embodied.llm.backends.make_backend` turns the ImportError into a message.
 
 How it runs:
 
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlinf_embodied.reasoning.backends import Generation, GenerationBackend
+from rlinf_embodied.llm.backends import Generation, GenerationBackend
 
 __all__ = ["VLLMBackend", "engine_kwargs"]
 
@@ -83,7 +83,7 @@ def _reload_from_blob(worker, blob: bytes) -> None:
 
 
 class VLLMBackend(GenerationBackend):
-    """A ``vllm.LLM`` engine behind :class:`~rlinf_embodied.reasoning.backends.GenerationBackend`.
+    """A ``vllm.LLM`` engine behind :class:`~rlinf_embodied.llm.backends.GenerationBackend`.
 
     Args:
         model_dir: local HF model directory (config.json, safetensors weights, tokenizer files).

@@ -20,7 +20,7 @@ from rlinf_embodied.checkpoint import atomic_dir, atomic_write_json
 from rlinf_embodied.config import as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger
 from rlinf_embodied.reasoning.launch import launch_reasoning_groups, split_evenly
-from rlinf_embodied.reasoning.messages import PromptRequest
+from rlinf_embodied.llm.messages import PromptRequest
 from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PerRank, wait_all
 
@@ -42,7 +42,7 @@ class ReasoningRunner:
     def __init__(self, cfg, run_dir: Path):
         from transformers import AutoTokenizer
 
-        from rlinf_embodied.reasoning.tasks import format_prompt, load_problems
+        from rlinf_embodied.llm.tasks import format_prompt, load_problems
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         save_config(cfg, self.run_dir)

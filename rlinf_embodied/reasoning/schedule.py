@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_embodied.scheduler.graph import Edge, Node, WorkflowGraph
-from rlinf_embodied.scheduler.planner import PlannerOptions, PlanResult, report_json, report_text, search
+from rlinf_embodied.scheduler.planner import PlannerOptions, PlanResult, report_text, search
 from rlinf_embodied.scheduler.profiles import GiB, WorkflowProfile, affine_profile
 
 __all__ = ["reasoning_graph", "reasoning_analytic_profile", "reasoning_profile_for_config",
-           "plan_reasoning_config", "reasoning_plan_for_placement", "auto_plan_reasoning",
-           "reasoning_plan_command"]
+           "plan_reasoning_config", "reasoning_plan_for_placement", "auto_plan_reasoning"]
 
 
 def reasoning_graph(cfg: Any) -> WorkflowGraph:
@@ -135,25 +134,27 @@ def _to_runtime_slots(placement: dict) -> dict:
     return {**placement, "groups": groups}
 
 
-def auto_plan_reasoning(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str) -> dict:
+def auto_plan_reasoning(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str,
+                        launch: Any) -> dict:
     """Profile rollout / reward / actor alone on device 0 (unless cached), plan, and return the
-    placement dict for :class:`~rlinf_embodied.runtime.PlacementPlan` (reward in ``env``)."""
+    placement dict for :class:`~rlinf_embodied.runtime.PlacementPlan` (reward in ``env``).
+
+    ``launch(cfg, run_dir, run_id, plan=PlacementPlan)`` starts the workflow's groups
+    (:func:`~rlinf_embodied.reasoning.launch.launch_reasoning_groups`; passed in so that this
+    module and the launcher do not import each other)."""
     import dataclasses
 
-    from rlinf_embodied.runners.setup import PROFILING_PLACEMENT
     from rlinf_embodied.runtime import PlacementPlan
-    from rlinf_embodied.scheduler.auto import _device_memory
+    from rlinf_embodied.scheduler.auto import PROFILING_PLACEMENT, default_device_memory
     from rlinf_embodied.scheduler.profiler import WorkerGroupComponent, profile_workflow, save_profile
 
     devices = int(cluster.num_devices)
     profile = reasoning_profile_for_config(cfg, run_dir)
     if profile.source.startswith("analytic"):
-        from rlinf_embodied.reasoning.launch import launch_reasoning_groups
-
         print("placement=auto: profiling rollout, reward and actor on device 0 ...")
         probe = dataclasses.replace(cfg, placement="<profiling>")
-        g = launch_reasoning_groups(probe, Path(run_dir), run_id + "-profile",
-                                    plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
+        g = launch(probe, Path(run_dir), run_id + "-profile",
+                   plan=PlacementPlan.from_dict(PROFILING_PLACEMENT))
         try:
             n = cfg.rollout.prompts_per_step * cfg.algorithm.group_size
             sizes = sorted({max(1, n // 4), n})
@@ -162,7 +163,7 @@ def auto_plan_reasoning(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str
                 [WorkerGroupComponent("rollout", g.rollout, "profile_generate", include_dispatch=True),
                  WorkerGroupComponent("reward", g.reward, "profile_score", include_dispatch=True),
                  WorkerGroupComponent("actor", g.actor, "profile_train")],
-                {"rollout": sizes, "reward": sizes, "actor": sizes}, _device_memory(),
+                {"rollout": sizes, "reward": sizes, "actor": sizes}, default_device_memory(),
                 weight_sync=lambda: g.sync.push(next(versions)), repeats=1)
             save_profile(run_dir, _profile_key(cfg), profile)
         finally:
@@ -170,34 +171,3 @@ def auto_plan_reasoning(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str
     result = plan_reasoning_config(cfg, devices, profile)
     print(report_text(result, [f"Reasoning plan ({profile.source})"]))
     return _to_runtime_slots(result.placement())
-
-
-def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
-                           overrides: list[str]) -> str:
-    """``rlinf-embodied plan`` for a reasoning job: the report to print."""
-    from rlinf_embodied.config import load_config
-    from rlinf_embodied.reasoning.config import ReasoningJobConfig
-    from rlinf_embodied.scheduler.cli_plan import _configured, _default_devices, shared_cores_note
-
-    cfg = load_config(config_path, overrides, schema=ReasoningJobConfig)
-    n = devices if devices is not None else _default_devices(cfg)
-    profile = reasoning_profile_for_config(cfg, cfg.run.run_dir())
-    result = plan_reasoning_config(cfg, n, profile)
-    g = reasoning_graph(cfg)
-    workload = {"workflow": "reasoning", "responses": g.node("rollout").items,
-                "max_new_tokens": cfg.rollout.max_new_tokens, "actor_samples": g.node("actor").items}
-    configured = _configured(cfg, n, profile, reasoning_plan_for_placement, refusal=None)
-    if as_json:
-        return report_json(result, {"config": str(config_path), "workload": workload,
-                                    "configured": configured}) + "\n"
-    header = [f"Plan for {config_path}",
-              f"Workload per step: {cfg.rollout.prompts_per_step} prompts x G="
-              f"{cfg.algorithm.group_size} = {workload['responses']} responses of up to "
-              f"{workload['max_new_tokens']} tokens (reward in the placement's env slot)"]
-    if configured is not None:
-        header.append(f"Configured: placement={configured['placement']} "
-                      f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})")
-    note = shared_cores_note(n)
-    if note:
-        header.append(note)
-    return report_text(result, header)

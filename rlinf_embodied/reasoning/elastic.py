@@ -8,7 +8,7 @@ reports the partial tokens back (RLBoost's token-level collection). A preempted 
 most that one piece; the shard continues on another worker from prompt + generated prefix.
 
 Exactness: every response decodes alone with a per-(response, token position) seeded sampler
-(:meth:`~rlinf_embodied.reasoning.hf_backend.HFBackend.continue_response`) and pieces always
+(:meth:`~rlinf_embodied.llm.hf_backend.HFBackend.continue_response`) and pieces always
 start at multiples of ``chunk_tokens``, so a continued response is bit-identical (tokens and
 log-probs) to one that was never preempted, whichever worker ran which piece; training on them
 then matches the run without preemptions exactly. Responses differ from the placed rollout
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from rlinf_embodied.checkpoint import atomic_write_json
-from rlinf_embodied.runners.reasoning import ReasoningRunner
+from rlinf_embodied.reasoning.runner import ReasoningRunner
 from rlinf_embodied.elastic.weights import PullsWeights
 from rlinf_embodied.runtime import Worker
 
@@ -47,7 +47,7 @@ def shard_items(requests, group_size: int, run_seed: int, step: int, shard_respo
     """The step's resumable shard states: shard id -> ``{"items": [...]}``.
 
     Args:
-        requests: the step's P :class:`~rlinf_embodied.reasoning.messages.PromptRequest`.
+        requests: the step's P :class:`~rlinf_embodied.llm.messages.PromptRequest`.
         group_size: G responses per prompt.
         run_seed, step: seed the responses (:func:`response_seed`).
         shard_responses: responses per shard S (divides P * G).
@@ -105,7 +105,7 @@ class ElasticReasoningWorker(PullsWeights, Worker):
                  token_cost_s: float, kind: str):
         import torch
 
-        from rlinf_embodied.reasoning.hf_backend import HFBackend
+        from rlinf_embodied.llm.hf_backend import HFBackend
 
         torch.manual_seed(cfg.run.seed)
         rc = cfg.rollout
@@ -198,7 +198,7 @@ class ElasticGeneration:
         return _Background(lambda: self._generate(step, requests), "generate")
 
     def _generate(self, step: int, requests) -> dict:
-        from rlinf_embodied.reasoning.messages import EndOfStream, Response, ResponseBatch
+        from rlinf_embodied.llm.messages import EndOfStream, Response, ResponseBatch
         from rlinf_embodied.runtime import flush_puts
 
         run, cfg = self._runner, self._runner.cfg
@@ -244,7 +244,7 @@ class ElasticGeneration:
 
 
 class ElasticReasoningRunner(ReasoningRunner):
-    """:class:`~rlinf_embodied.runners.reasoning.ReasoningRunner` whose training rollout runs
+    """:class:`~rlinf_embodied.reasoning.runner.ReasoningRunner` whose training rollout runs
     on an elastic pool of reserved and preemptible reasoning workers (evaluation keeps the
     placed rollout group).
 

@@ -74,7 +74,7 @@ def build_tiny_model(out_dir: str | Path, texts: Optional[List[str]] = None, see
     from rlinf_embodied.checkpoint import atomic_write_json
 
     if texts is None:
-        from rlinf_embodied.reasoning.tasks import arithmetic_problems, corpus_text
+        from rlinf_embodied.llm.tasks import arithmetic_problems, corpus_text
 
         texts = corpus_text(arithmetic_problems("train", 2000, 0, 99, 3), "{question}=")
     out = Path(out_dir)

@@ -6,8 +6,8 @@ weights by version without a restart, and score fixed sequences. Log-probs are a
 the *untempered* model distribution (temperature 1, no top-p) under the backend's current
 weights, which is what the actor recomputes for the importance ratio.
 
-``make_backend("hf", ...)`` returns :class:`rlinf_embodied.reasoning.hf_backend.HFBackend`;
-``make_backend("vllm", ...)`` imports ``rlinf_embodied.reasoning.vllm_backend:VLLMBackend``
+``make_backend("hf", ...)`` returns :class:`rlinf_embodied.llm.hf_backend.HFBackend`;
+``make_backend("vllm", ...)`` imports ``rlinf_embodied.llm.vllm_backend:VLLMBackend``
 lazily (that module lives in the vLLM venv only).
 """
 
@@ -132,8 +132,8 @@ class GenerationBackend(abc.ABC):
 
 
 BACKENDS = {
-    "hf": "rlinf_embodied.reasoning.hf_backend:HFBackend",
-    "vllm": "rlinf_embodied.reasoning.vllm_backend:VLLMBackend",
+    "hf": "rlinf_embodied.llm.hf_backend:HFBackend",
+    "vllm": "rlinf_embodied.llm.vllm_backend:VLLMBackend",
 }
 
 

@@ -38,7 +38,7 @@ class Response:
         group, uid, answer: from the :class:`PromptRequest`.
         sample: index within its group, 0..G-1.
         prompt_ids, response_ids, logprobs, finish_reason, version: from the backend's
-            :class:`~rlinf_embodied.reasoning.backends.Generation` (logprobs at temperature 1).
+            :class:`~rlinf_embodied.llm.backends.Generation` (logprobs at temperature 1).
         reward: verifier score (NaN until the reward worker sets it).
         text: decoded response text (set by the reward worker).
         ref_logprobs: reference-model log-probs of the response tokens (set by the actor as

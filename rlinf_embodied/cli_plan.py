@@ -1,4 +1,8 @@
-"""``rlinf-embodied plan CONFIG.yaml [--devices N] [--json]``: the text the command prints."""
+"""``rlinf-embodied plan CONFIG.yaml [--devices N] [--json]``: the text the command prints.
+
+It sits beside the CLI, above the workflows: it reads a job (embodied or reasoning), asks that
+workflow for its graph and plan tree, and the scheduler for the search and the report.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from rlinf_embodied.scheduler.auto import (
 from rlinf_embodied.scheduler.cost_model import CostModel, Temporal, describe
 from rlinf_embodied.scheduler.planner import report_json, report_text
 
-__all__ = ["plan_command"]
+__all__ = ["plan_command", "reasoning_plan_command", "shared_cores_note"]
 
 
 def _default_devices(cfg) -> int:
@@ -75,8 +79,6 @@ def plan_command(
     from rlinf_embodied.reasoning.config import is_reasoning_job
 
     if is_reasoning_job(config_path):
-        from rlinf_embodied.scheduler.reasoning import reasoning_plan_command
-
         return reasoning_plan_command(config_path, devices, as_json, overrides)
     cfg = load_config(config_path, overrides)
     n = devices if devices is not None else _default_devices(cfg)
@@ -151,3 +153,39 @@ def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement,
         "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9),
         "refused": refusal(cfg, placement, devices) if refusal else None,
     }
+
+
+def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
+                           overrides: list[str]) -> str:
+    """``rlinf-embodied plan`` for a reasoning job: the report to print."""
+    from rlinf_embodied.config import load_config
+    from rlinf_embodied.reasoning.config import ReasoningJobConfig
+    from rlinf_embodied.reasoning.schedule import (
+        plan_reasoning_config,
+        reasoning_graph,
+        reasoning_plan_for_placement,
+        reasoning_profile_for_config,
+    )
+
+    cfg = load_config(config_path, overrides, schema=ReasoningJobConfig)
+    n = devices if devices is not None else _default_devices(cfg)
+    profile = reasoning_profile_for_config(cfg, cfg.run.run_dir())
+    result = plan_reasoning_config(cfg, n, profile)
+    g = reasoning_graph(cfg)
+    workload = {"workflow": "reasoning", "responses": g.node("rollout").items,
+                "max_new_tokens": cfg.rollout.max_new_tokens, "actor_samples": g.node("actor").items}
+    configured = _configured(cfg, n, profile, reasoning_plan_for_placement, refusal=None)
+    if as_json:
+        return report_json(result, {"config": str(config_path), "workload": workload,
+                                    "configured": configured}) + "\n"
+    header = [f"Plan for {config_path}",
+              f"Workload per step: {cfg.rollout.prompts_per_step} prompts x G="
+              f"{cfg.algorithm.group_size} = {workload['responses']} responses of up to "
+              f"{workload['max_new_tokens']} tokens (reward in the placement's env slot)"]
+    if configured is not None:
+        header.append(f"Configured: placement={configured['placement']} "
+                      f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})")
+    note = shared_cores_note(n)
+    if note:
+        header.append(note)
+    return report_text(result, header)
