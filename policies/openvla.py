@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, check_mode
-from rlinf_embodied.policies.prismatic import attention_bias, causal_allowed
+from rlinf_embodied.policies.prismatic_model import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase
 
 from rlinf_embodied.policies.configuration_openvla import OpenVLAPolicyConfig

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from rlinf_embodied.policies.action_tokenizer import ActionNormalizer
 from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, check_mode
-from rlinf_embodied.policies.prismatic import attention_bias, causal_allowed
+from rlinf_embodied.policies.prismatic_model import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase, gaussian_logprob_entropy
 from torch import nn
 

@@ -4,7 +4,7 @@ action token sampling and scoring, un-normalisation, LoRA and the value head.
 ``forward_inputs`` of both VLA policies (leading dim N; what the training loop stores):
 
 * ``input_ids`` (N, 1 + T) int64 and ``text_valid`` (N, 1 + T) bool: the padded prompt
-  (:class:`~rlinf_embodied.policies.prismatic.PromptTokenizer`);
+  (:class:`~rlinf_embodied.policies.prismatic_tokenizer.PromptTokenizer`);
 * ``main_images`` (N, H, W, 3) uint8 and, for OFT with a wrist camera, ``wrist_images``: raw
   images, re-preprocessed deterministically in ``evaluate`` (4x smaller than pixel values);
 * ``states`` (N, S) float32 (OFT with proprio);
@@ -31,21 +31,24 @@ from rlinf_embodied.policies.action_tokenizer import (
     select_norm_stats,
 )
 from rlinf_embodied.policies.base import Evaluation, Policy, SpaceSpec, obs_tensor
-from rlinf_embodied.policies.prismatic import (
-    PrismaticArchConfig,
-    PrismaticVLM,
-    PromptTokenizer,
-    apply_lora,
-    enable_gradient_checkpointing,
+from rlinf_embodied.policies.prismatic_checkpoint import (
     identity_norm_stats,
     image_preprocessor,
     load_prismatic,
-    merged_state_dict,
-    openvla_7b_arch_dict,
     save_prismatic,
+)
+from rlinf_embodied.policies.prismatic_config import (
+    PrismaticArchConfig,
+    openvla_7b_arch_dict,
     select_device_dtype,
     tiny_arch_dict,
-    tiny_tokenizer,
+)
+from rlinf_embodied.policies.prismatic_model import PrismaticVLM
+from rlinf_embodied.policies.prismatic_tokenizer import PromptTokenizer, tiny_tokenizer
+from rlinf_embodied.policies.prismatic_training import (
+    apply_lora,
+    enable_gradient_checkpointing,
+    merged_state_dict,
 )
 from rlinf_embodied.policies.value_head import ValueHead
 from torch import nn
@@ -80,8 +83,8 @@ class VLAPolicyBase(Policy):
         return [] if self.value_head is None else list(self.value_head.parameters())
 
     def fsdp_units(self) -> list[nn.Module]:
-        """One FSDP2 unit per Llama decoder layer and ViT block (see prismatic.fsdp_block_classes)."""
-        from rlinf_embodied.policies.prismatic import fsdp_block_classes
+        """One FSDP2 unit per Llama decoder layer and ViT block (see prismatic_training.fsdp_block_classes)."""
+        from rlinf_embodied.policies.prismatic_training import fsdp_block_classes
 
         classes = fsdp_block_classes()
         return [m for m in self.modules() if isinstance(m, classes)]

@@ -31,7 +31,8 @@ def _ctx(shapes):
 
 
 def _model(seed, action_logits_only=False):
-    from rlinf_embodied.policies.prismatic import PrismaticArchConfig, PrismaticVLM, tiny_arch_dict
+    from rlinf_embodied.policies.prismatic_config import PrismaticArchConfig, tiny_arch_dict
+    from rlinf_embodied.policies.prismatic_model import PrismaticVLM
 
     arch_d = tiny_arch_dict()
     torch.manual_seed(seed)
@@ -62,7 +63,7 @@ def _pixels(images, vlm):
 
 
 def test_published_oft_directory_loads_l1_head_and_proprio_and_matches_upstream(tmp_path):
-    from rlinf_embodied.policies.prismatic import tiny_tokenizer
+    from rlinf_embodied.policies.prismatic_tokenizer import tiny_tokenizer
 
     vlm, arch_d = _model(11)
     d = vlm.llm_dim
@@ -98,7 +99,7 @@ def test_published_oft_directory_loads_l1_head_and_proprio_and_matches_upstream(
 
 
 def test_published_openvla_directory_matches_upstream_greedy_decoding(tmp_path):
-    from rlinf_embodied.policies.prismatic import tiny_tokenizer
+    from rlinf_embodied.policies.prismatic_tokenizer import tiny_tokenizer
 
     vlm, arch_d = _model(12, action_logits_only=True)
     tok = tiny_tokenizer(vlm.arch.base_vocab_size)
@@ -121,7 +122,7 @@ def test_published_openvla_directory_matches_upstream_greedy_decoding(tmp_path):
 def test_oft_layout_inference_and_refusals(tmp_path):
     """No head file: the discrete-token model (one image, no proprio); a diffusion head is
     refused in one line; proprio without statistics raises instead of feeding raw states."""
-    from rlinf_embodied.policies.prismatic import tiny_tokenizer
+    from rlinf_embodied.policies.prismatic_tokenizer import tiny_tokenizer
 
     vlm, arch_d = _model(13)
     d = vlm.llm_dim

@@ -12,17 +12,18 @@ from rlinf_embodied.policies import build_policy, load_policy, save_policy
 from rlinf_embodied.policies.base import SpaceSpec
 from rlinf_embodied.policies.openvla import OpenVLAPolicy
 from rlinf_embodied.policies.openvla_oft import OpenVLAOFTPolicy
-from rlinf_embodied.policies.prismatic import (
-    PrismaticArchConfig,
-    PrismaticVLM,
-    fsdp_block_classes,
-    fully_shard_per_block,
+from rlinf_embodied.policies.prismatic_checkpoint import (
     identity_norm_stats,
     load_prismatic,
-    openvla_7b_arch_dict,
     save_prismatic,
+)
+from rlinf_embodied.policies.prismatic_config import (
+    PrismaticArchConfig,
+    openvla_7b_arch_dict,
     tiny_arch_dict,
 )
+from rlinf_embodied.policies.prismatic_model import PrismaticVLM
+from rlinf_embodied.policies.prismatic_training import fsdp_block_classes, fully_shard_per_block
 from safetensors.torch import save_file
 
 from rlinf_embodied.config import load_config
