@@ -159,7 +159,7 @@ def measure_reasoning(cfg, model_dir, reqs, preemptible: int, iterations: int, c
     """Generate ``iterations`` steps (after a warm-up step) on 1 reserved + ``preemptible``
     workers; with ``kills``, the workers that get preemptible requests 1, 3, 5, ... are killed
     (replacements join at once)."""
-    from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
+    from rlinf_embodied.config import ElasticConfig, PreemptionConfig, PreemptionEvent
     from rlinf_embodied.elastic.pool import ElasticRolloutPool
     from rlinf_embodied.reasoning.elastic import ElasticReasoningWorker, migration_metrics, shard_items
 

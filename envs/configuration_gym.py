@@ -1,6 +1,6 @@
 """Config of the gymnasium adapter (envs/gymnasium_env.py), ``env.type: gym``.
 
-Registered by type in :mod:`rlinf_embodied.components`; loaded lazily by the config loader.
+Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by the config loader.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class GymEnvConfig(EnvConfig):
             ConfigError: for an unknown id (with close matches), an unimportable class, or an
                 argument the constructor does not take (with close matches).
         """
-        from rlinf_embodied.components import user_modules_importable
+        from rlinf_embodied.config.components import user_modules_importable
         from rlinf_embodied.envs.gymnasium_env import _entry_point_class, register_toy_envs
 
         user_modules_importable()

@@ -1,6 +1,6 @@
 """Config of the ManiSkill3 adapter (envs/maniskill.py), ``env.type: maniskill``.
 
-Registered by type in :mod:`rlinf_embodied.components`; loaded lazily by the config loader.
+Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by the config loader.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Adapters, one per ``env.type`` (``maniskill``, ``libero``, ``gym``; the
 :class:`~rlinf_embodied.envs.base.BatchedEnv` class built from an EnvConfig of that type), are
-registered with their config dataclass in :mod:`rlinf_embodied.components`; a user's own adapter
+registered with their config dataclass in :mod:`rlinf_embodied.config.components`; a user's own adapter
 needs no registration (``env.type: package.module:Class``). This module keeps
 
 * **named envs** (``register_env``), e.g. ``maniskill/PushCube-v1``: an adapter entry point plus
@@ -24,7 +24,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
-from rlinf_embodied import components
+from rlinf_embodied.config import components
 
 __all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "EnvEntry"]
 
@@ -44,7 +44,7 @@ _ENVS: Dict[str, EnvEntry] = {}
 
 def register_adapter(type_name: str, config, impl, description: str = "") -> None:
     """Register the BatchedEnv class ``impl`` and its config dataclass ``config`` (classes or
-    ``"module:Class"`` strings) as ``env.type=type_name``; see :mod:`rlinf_embodied.components`.
+    ``"module:Class"`` strings) as ``env.type=type_name``; see :mod:`rlinf_embodied.config.components`.
 
     Raises:
         ValueError: if ``type_name`` is already registered with other classes.

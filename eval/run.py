@@ -709,7 +709,7 @@ def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from rlinf_embodied.config import _field_type_name
+    from rlinf_embodied.config import field_type_name
 
     schema = OmegaConf.structured(family.config_class())
     typed = {}
@@ -717,7 +717,7 @@ def _typed_overrides(family: _Family, req: EvalRequest) -> Dict[str, Any]:
         try:
             typed[key] = OmegaConf.to_container(OmegaConf.merge(schema, {key: value}))[key]
         except OmegaConfBaseException:
-            kind = _field_type_name(family.config_class(), key)
+            kind = field_type_name(family.config_class(), key)
             raise EvalError(f"--env-override {key}={value!r}: {key} must be {kind} "
                             f"(e.g. --env-override {key}={_example(schema[key])}).") from None
     return typed

@@ -1,6 +1,6 @@
 """Configs of the small actor-critics (policies/mlp.py, policies/cnn.py), ``policy.type: mlp | cnn``.
 
-Registered by type in :mod:`rlinf_embodied.components`; loaded lazily by the config loader.
+Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by the config loader.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Configs of the VLA policies (policies/openvla.py, policies/openvla_oft.py),
 ``policy.type: openvla | openvla_oft``.
 
-Registered by type in :mod:`rlinf_embodied.components`; loaded lazily by the config loader.
+Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by the config loader.
 """
 
 from __future__ import annotations

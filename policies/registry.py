@@ -1,6 +1,6 @@
 """Policy registry by ``policy.type``, and checkpoint save/load in safetensors.
 
-Policy types (config dataclass + class) are registered in :mod:`rlinf_embodied.components` as
+Policy types (config dataclass + class) are registered in :mod:`rlinf_embodied.config.components` as
 ``"module:Class"`` strings, so importing this package never imports a large model's dependencies
 (``openvla`` pulls transformers only when built).
 
@@ -26,7 +26,7 @@ from rlinf_embodied.policies.base import Policy, SpaceSpec
 from safetensors.torch import load_file, save_file
 
 from rlinf_embodied.checkpoint import atomic_write, atomic_write_text
-from rlinf_embodied import components
+from rlinf_embodied.config import components
 from rlinf_embodied.config import ConfigError, PolicyConfig, config_class, load_config, to_yaml
 
 __all__ = [
@@ -54,7 +54,7 @@ class PolicyCheckpointError(ValueError):
 def register_policy(type_name: str, config, impl, description: str = "") -> None:
     """Register a policy type: its config dataclass and :class:`Policy` class (or
     ``"module:Class"`` strings). Built-in types are registered in
-    :mod:`rlinf_embodied.components`; a user's own policy needs no registration
+    :mod:`rlinf_embodied.config.components`; a user's own policy needs no registration
     (``policy.type: package.module:Class``).
 
     Raises:

@@ -4,7 +4,7 @@ module outside the package work by config alone (tests/plugins/lab_components.py
 import pytest
 import torch
 
-from rlinf_embodied import components
+from rlinf_embodied.config import components
 from rlinf_embodied.config import ConfigError, load_config
 from rlinf_embodied.envs import make_env
 from rlinf_embodied.policies import build_policy, load_policy, save_policy

@@ -1,6 +1,7 @@
 """Elastic, preemptible rollout (RLBoost on the embodied workflow) and multi-node helpers.
 
-* :class:`ElasticConfig` / :class:`PreemptionConfig`: the ``elastic:`` block of a job.
+* The ``elastic:`` block of a job is :class:`~rlinf_embodied.config.ElasticConfig` (with
+  :class:`~rlinf_embodied.config.PreemptionConfig`), in :mod:`rlinf_embodied.config.elastic`.
 * :class:`~rlinf_embodied.elastic.pool.ElasticRolloutPool`: reserved + preemptible workers that
   join and leave; shards re-run from their seeds when a worker is lost.
 * :class:`~rlinf_embodied.elastic.runner.ElasticEmbodiedRunner`: the embodied runner on it.
@@ -15,12 +16,10 @@ Other workloads plug in by giving the pool a worker class (``worker_cls``, ``ini
 ``collect(..., initial_state=...)`` shards are resumable (a call may return ``{"partial":
 state}``, see :mod:`rlinf_embodied.elastic.pool`).
 
-Importing this package imports only the config; the rest loads on first use.
+Importing this package imports nothing; its modules load on first use.
 """
 
-from rlinf_embodied.elastic.config import ElasticConfig, PreemptionConfig, PreemptionEvent
-
-__all__ = ["ElasticConfig", "LocalMultiNodeCluster", "PreemptionConfig", "PreemptionEvent"]
+__all__ = ["LocalMultiNodeCluster"]
 
 
 def __getattr__(name):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import List, Set
 
-from rlinf_embodied.elastic.config import PreemptionConfig
+from rlinf_embodied.config import PreemptionConfig
 
 __all__ = ["PreemptionSimulator"]
 

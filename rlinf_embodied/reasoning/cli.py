@@ -104,7 +104,7 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
 
         new_dir = not run_dir.exists()
         print(f"run directory: {run_dir}")
-        if cfg.elastic.enabled:  # rollout on reserved + preemptible workers (elastic/reasoning.py)
+        if cfg.elastic.enabled:  # rollout on reserved + preemptible workers (reasoning/elastic.py)
             from rlinf_embodied.reasoning.elastic import ElasticReasoningRunner
 
             runner = ElasticReasoningRunner(cfg, run_dir)

@@ -10,8 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlinf_embodied.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
-from rlinf_embodied.elastic.config import ElasticConfig
+from rlinf_embodied.config import (
+    ClusterConfig,
+    ConfigError,
+    ElasticConfig,
+    LoggingConfig,
+    RunConfig,
+)
 
 __all__ = [
     "is_reasoning_job",

@@ -251,7 +251,7 @@ class ElasticReasoningRunner(ReasoningRunner):
     Args:
         cfg: the reasoning job config (``rollout.backend`` must be ``hf``).
         run_dir: the run directory (``elastic/iter_<step>.json`` records go there).
-        elastic: the :class:`~rlinf_embodied.elastic.ElasticConfig` (default: ``cfg.elastic``
+        elastic: the :class:`~rlinf_embodied.config.ElasticConfig` (default: ``cfg.elastic``
             if the config has one, else one reserved worker).
         node_provider: kills/restores nodes for ``elastic.preemption.target: node``.
         token_cost_s: seconds each worker sleeps per generated token (benchmarks).
@@ -262,8 +262,7 @@ class ElasticReasoningRunner(ReasoningRunner):
 
     def __init__(self, cfg, run_dir: Path, elastic=None, node_provider=None,
                  token_cost_s: float = 0.0) -> None:
-        from rlinf_embodied.config import ConfigError
-        from rlinf_embodied.elastic.config import ElasticConfig
+        from rlinf_embodied.config import ConfigError, ElasticConfig
         from rlinf_embodied.elastic.pool import ElasticRolloutPool
         from rlinf_embodied.elastic.weights import ElasticWeightSync, weight_store
         from rlinf_embodied.runtime import Channel

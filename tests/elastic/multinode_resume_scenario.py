@@ -59,7 +59,7 @@ class RecurrenceWorker(Worker):
 
 
 def main() -> None:
-    from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
+    from rlinf_embodied.config import ElasticConfig, PreemptionConfig, PreemptionEvent
     from rlinf_embodied.elastic.multinode import LocalMultiNodeCluster
     from rlinf_embodied.elastic.pool import ElasticRolloutPool
 

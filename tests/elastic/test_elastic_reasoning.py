@@ -14,8 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlinf_embodied.config import load_config
-from rlinf_embodied.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
+from rlinf_embodied.config import ElasticConfig, PreemptionConfig, PreemptionEvent, load_config
 from rlinf_embodied.reasoning.elastic import ElasticReasoningRunner
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 

@@ -2,8 +2,7 @@
 
 import pytest
 
-from rlinf_embodied.config import ConfigError, load_config
-from rlinf_embodied.elastic import PreemptionConfig, PreemptionEvent
+from rlinf_embodied.config import ConfigError, PreemptionConfig, PreemptionEvent, load_config
 from rlinf_embodied.elastic.offload import OffloadPlanner, finish_time
 from rlinf_embodied.elastic.preemption import PreemptionSimulator
 

@@ -17,7 +17,7 @@ class Idle(Worker):
 
 
 def test_unplaceable_preemptible_workers_warn_and_are_recorded(ray_session):
-    from rlinf_embodied.elastic import ElasticConfig
+    from rlinf_embodied.config import ElasticConfig
     from rlinf_embodied.elastic.offload import PREEMPTIBLE, RESERVED
     from rlinf_embodied.elastic.pool import ElasticRolloutPool, UnplacedWorkersWarning
 

@@ -19,20 +19,23 @@ config dataclass (a subclass of :class:`~rlinf_embodied.config.PolicyConfig` /
       type: my_lab.policies:TinyTransformerPolicy   # importable from the working directory
       depth: 2                                      # a field of its config_class
 
-This module imports nothing heavy; it is read by :mod:`rlinf_embodied.config` (config classes),
-:mod:`rlinf_embodied.envs.registry` and :mod:`rlinf_embodied.policies.registry` (implementations).
+This module imports nothing heavy; it is read by the config loader
+(:mod:`rlinf_embodied.config.loading`, config classes), :mod:`rlinf_embodied.envs.registry` and
+:mod:`rlinf_embodied.policies.registry` (implementations).
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
 from dataclasses import dataclass
 from typing import Dict, List
 
-__all__ = ["ComponentType", "config_class", "impl_class", "register_type", "type_names", "types"]
+from rlinf_embodied.config.errors import ConfigError, suggest
+
+__all__ = ["ComponentType", "SECTIONS", "config_class", "impl_class", "register_type", "type_names",
+           "types", "user_modules_importable"]
 
 SECTIONS = ("env", "policy")
 
@@ -105,8 +108,6 @@ def _import(target, what: str):
         obj = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
-            from rlinf_embodied.config import ConfigError
-
             raise ConfigError(
                 f"{what}: cannot import module {module!r}. Make it importable (run from the "
                 f"directory that contains it, or add that directory to PYTHONPATH)."
@@ -114,19 +115,14 @@ def _import(target, what: str):
         raise
     for part in attr.split("."):
         if not hasattr(obj, part):
-            from rlinf_embodied.config import ConfigError
-
             raise ConfigError(f"{what}: module {module!r} has no attribute {attr!r}.")
         obj = getattr(obj, part)
     return obj
 
 
 def _unknown(section: str, name: str):
-    from rlinf_embodied.config import ConfigError
-
     known = type_names(section)
-    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
-    hint = f". Did you mean {close[0]!r}?" if close else ""
+    hint = suggest(name, known)
     return ConfigError(
         f"Unknown {section}.type {name!r}. Valid types: {', '.join(known)}{hint} "
         f"(or 'package.module:Class' for your own {section})"
@@ -135,8 +131,6 @@ def _unknown(section: str, name: str):
 
 def _custom(section: str, name: str) -> type:
     """The implementation class named by a ``module:Class`` type, checked."""
-    from rlinf_embodied.config import ConfigError
-
     if ":" not in name or name.startswith(":") or name.endswith(":"):
         raise _unknown(section, name)
     cls = _import(name, f"{section}.type {name!r}")

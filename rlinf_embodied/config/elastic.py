@@ -1,8 +1,10 @@
 """Config of elastic, preemptible rollout (the ``elastic:`` block of a job YAML).
 
-Kept in this package (not in :mod:`rlinf_embodied.config`) so that the elastic path owns its
-settings; :class:`~rlinf_embodied.config.JobConfig` holds one :class:`ElasticConfig` field. This
-module imports nothing but the standard library.
+:class:`ElasticConfig` (the pool of reserved and preemptible workers and how rollout is
+sharded over it), :class:`PreemptionConfig` and :class:`PreemptionEvent` (the preemption
+simulator) and the allowed values of their string fields. :class:`~rlinf_embodied.config.JobConfig`
+and the reasoning job hold one :class:`ElasticConfig` field; the elastic path
+(:mod:`rlinf_embodied.elastic`) reads it.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-__all__ = ["ElasticConfig", "PreemptionConfig", "PreemptionEvent"]
+from rlinf_embodied.config.errors import ConfigError
+
+__all__ = [
+    "ElasticConfig",
+    "PREEMPTION_MODES",
+    "PREEMPTION_TARGETS",
+    "PreemptionConfig",
+    "PreemptionEvent",
+    "RESTART_POLICIES",
+]
 
 PREEMPTION_MODES = ("off", "schedule", "random")
 PREEMPTION_TARGETS = ("worker", "node")
 RESTART_POLICIES = ("immediate", "next_iteration", "never")
-
-
-def _error(msg: str) -> Exception:
-    from rlinf_embodied.config import ConfigError  # lazy: config.py imports this module
-
-    return ConfigError(msg)
 
 
 @dataclass
@@ -67,13 +72,13 @@ class PreemptionConfig:
         if str(self.mode).lower() == "false":  # YAML 1.1 reads a bare `off` as false
             self.mode = "off"
         if self.mode not in PREEMPTION_MODES:
-            raise _error(f"Set elastic.preemption.mode to one of {PREEMPTION_MODES} (got {self.mode!r}).")
+            raise ConfigError(f"Set elastic.preemption.mode to one of {PREEMPTION_MODES} (got {self.mode!r}).")
         if self.target not in PREEMPTION_TARGETS:
-            raise _error(f"Set elastic.preemption.target to one of {PREEMPTION_TARGETS} (got {self.target!r}).")
+            raise ConfigError(f"Set elastic.preemption.target to one of {PREEMPTION_TARGETS} (got {self.target!r}).")
         if self.restart not in RESTART_POLICIES:
-            raise _error(f"Set elastic.preemption.restart to one of {RESTART_POLICIES} (got {self.restart!r}).")
+            raise ConfigError(f"Set elastic.preemption.restart to one of {RESTART_POLICIES} (got {self.restart!r}).")
         if self.kills_per_iteration < 0 or self.kill_delay_s < 0:
-            raise _error(
+            raise ConfigError(
                 f"Set elastic.preemption.kills_per_iteration and kill_delay_s to >= 0 "
                 f"(got {self.kills_per_iteration} and {self.kill_delay_s}).")
 
@@ -133,21 +138,21 @@ class ElasticConfig:
 
     def __post_init__(self) -> None:
         if self.reserved_workers < 1:
-            raise _error(
+            raise ConfigError(
                 f"Set elastic.reserved_workers to at least 1 (got {self.reserved_workers}): "
                 f"reserved capacity is what the run falls back to when every preemptible worker "
                 f"is gone.")
         if self.chunk_tokens < 1 or self.shard_responses < 0:
-            raise _error(f"Set elastic.chunk_tokens >= 1 and elastic.shard_responses >= 0 "
+            raise ConfigError(f"Set elastic.chunk_tokens >= 1 and elastic.shard_responses >= 0 "
                          f"(got {self.chunk_tokens} and {self.shard_responses}).")
         if self.preemptible_workers < 0 or self.shard_envs < 0:
-            raise _error(
+            raise ConfigError(
                 f"Set elastic.preemptible_workers and elastic.shard_envs to >= 0 "
                 f"(got {self.preemptible_workers} and {self.shard_envs}).")
         if not 0.0 < self.throughput_ema <= 1.0:
-            raise _error(f"Set elastic.throughput_ema in (0, 1] (got {self.throughput_ema}).")
+            raise ConfigError(f"Set elastic.throughput_ema in (0, 1] (got {self.throughput_ema}).")
         if self.max_attempts < 1:
-            raise _error(f"Set elastic.max_attempts to at least 1 (got {self.max_attempts}).")
+            raise ConfigError(f"Set elastic.max_attempts to at least 1 (got {self.max_attempts}).")
 
     def num_shards_for(self, num_envs: int, actor_ranks: int = 1) -> Optional[int]:
         """Shards per iteration for ``num_envs`` envs (None: the shard size does not divide)."""

@@ -1,0 +1,311 @@
+"""Strict loading: YAML files plus overrides in, config dataclasses out; and back to YAML.
+
+:func:`load_config` reads a job file (a path or a shipped config's name, :func:`shipped_config`),
+applies ``key=value`` overrides (:mod:`rlinf_embodied.config.overrides`), resolves the variant
+sections (``env``, ``policy``) by their ``type`` through :mod:`rlinf_embodied.config.components`
+and validates it against the schema (default :class:`~rlinf_embodied.config.job.JobConfig`).
+OmegaConf's errors are translated into one-line :class:`~rlinf_embodied.config.errors.ConfigError`
+messages: an unknown key names the closest valid one, a wrong type names key, expected type and
+value. :func:`to_yaml`, :func:`save_config` and :func:`as_dict` go the other way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from rlinf_embodied.config.components import SECTIONS, config_class
+from rlinf_embodied.config.errors import (
+    ConfigError,
+    field_type_name,
+    one_line,
+    suggest,
+    value_kind,
+)
+from rlinf_embodied.config.job import JobConfig
+from rlinf_embodied.config.overrides import parse_overrides
+
+__all__ = [
+    "as_dict",
+    "check_registered_env_id",
+    "load_config",
+    "peek_top_level",
+    "save_config",
+    "shipped_config",
+    "to_yaml",
+]
+
+def shipped_config(name: str | os.PathLike) -> Optional[Path]:
+    """The shipped job config ``name`` (``maniskill_pushcube_ppo_mlp``, with or without
+    ``.yaml`` or a leading ``configs/``), or None; works from an installed wheel too."""
+    from rlinf_embodied.configs import ROOT
+
+    p = Path(name)
+    if p.parts[:1] == ("configs",):
+        p = Path(*p.parts[1:])
+    if not p.name:  # "configs" itself, "", "."
+        return None
+    cand = ROOT / (p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml"))
+    return cand if cand.is_file() else None
+
+
+def peek_top_level(path: str | os.PathLike) -> Optional[DictConfig]:
+    """The raw top-level mapping of a job file (a path or a shipped config name), unvalidated,
+    to tell which schema it needs; None when it is missing, not YAML or not a mapping (the
+    strict loader then reports why)."""
+    p = Path(path)
+    p = p if p.is_file() else shipped_config(p)
+    if p is None:
+        return None
+    try:
+        raw = OmegaConf.load(p)
+    except Exception:  # noqa: BLE001 - invalid YAML: the strict loader reports it
+        return None
+    return raw if isinstance(raw, DictConfig) else None
+
+
+def _read_yaml(path: str | os.PathLike) -> DictConfig:
+    p = Path(path)
+    if not p.exists() and shipped_config(p) is not None:
+        p = shipped_config(p)
+    if not p.exists():
+        from rlinf_embodied.configs import ROOT
+
+        names = ", ".join(sorted(x.stem for x in ROOT.glob("*.yaml")))
+        raise ConfigError(
+            f"Config file not found: {p} (absolute: {p.resolve()}). Shipped configs: {names}."
+        )
+    if p.is_dir():
+        raise ConfigError(f"Config path {p} is a directory; pass a YAML file.")
+    try:
+        cfg = OmegaConf.load(p)
+    except Exception as e:  # yaml.YAMLError and friends
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ConfigError(f"Config file {p} is not valid YAML: {one_line(e)}{at}.") from None
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"Config file {p} must hold a mapping at the top level.")
+    if not cfg:
+        raise ConfigError(
+            f"Config file {p} is empty; start from a shipped job (e.g. "
+            f"configs/maniskill_pushcube_ppo_mlp.yaml) and change what you need."
+        )
+    return cfg
+
+
+def _schema_for(schema_cls: type, raw: DictConfig | None) -> Any:
+    """Structured schema of ``schema_cls`` with polymorphic sections resolved by their type."""
+    base = OmegaConf.structured(schema_cls)
+    if not dataclasses.is_dataclass(schema_cls):
+        return base
+    for f in dataclasses.fields(schema_cls):
+        if f.name not in SECTIONS:  # sections whose dataclass is chosen by their ``type`` key
+            continue
+        node = raw.get(f.name) if raw is not None else None
+        explicit = isinstance(node, DictConfig) and "type" in node
+        type_name = str(node["type"]) if explicit else OmegaConf.select(base, f"{f.name}.type")
+        cls = config_class(f.name, type_name)
+        OmegaConf.set_struct(base, False)
+        base[f.name] = OmegaConf.structured(cls)
+        OmegaConf.set_struct(base, True)
+    return base
+
+
+def _open_free_dicts(node: DictConfig) -> None:
+    """Let ``Dict[str, Any]`` fields (e.g. ``env.kwargs``) take any key; dataclass sections
+    stay strict."""
+    for key in list(node.keys()):
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if child._metadata.object_type in (dict, None):
+                OmegaConf.set_struct(child, False)
+            else:
+                _open_free_dicts(child)
+
+
+def _free_dict_overrides(schema: DictConfig, overrides: List[str], parsed: DictConfig) -> Dict[str, Any]:
+    """The overrides that give a whole ``Dict[str, Any]`` field (``env.kwargs={size: 16}``,
+    ``env.image_keys={}``), by dotted key with their value from ``parsed`` (the parsed
+    overrides): they replace the field's mapping from the YAML file and the defaults instead of
+    merging into it (``env.kwargs.size=16`` still sets one key)."""
+    out: Dict[str, Any] = {}
+    for o in overrides:
+        key = o.lstrip("+").partition("=")[0].strip()
+        node = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
+        value = OmegaConf.select(parsed, key, default=None)
+        if (isinstance(node, DictConfig) and node._metadata.object_type in (dict, None)
+                and isinstance(value, DictConfig)):
+            out[key] = OmegaConf.to_container(value)
+    return out
+
+
+def _valid_keys(schema: DictConfig, full_key: str) -> List[str]:
+    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    node = OmegaConf.select(schema, parent) if parent else schema
+    return list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or ""
+    if isinstance(e, ConfigKeyError) and key:
+        valid = _valid_keys(schema, key)
+        leaf = key.rsplit(".", 1)[-1]
+        section = key.rsplit(".", 1)[0] if "." in key else "top level"
+        prefix = f"{section}." if "." in key else ""
+        hint = suggest(leaf, valid).replace("'", f"'{prefix}", 1) if suggest(leaf, valid) else ""
+        name, colon, _ = leaf.partition(":")
+        if colon and name in valid:  # {lr:1e-3}: YAML reads one key "lr:1e-3" without the space
+            hint = f" (YAML needs a space after the colon: {{{name}: ...}})."
+        return ConfigError(
+            f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
+            f"{', '.join(sorted(valid))}."
+        )
+    if isinstance(e, ValidationError) and key:
+        expected = field_type_name(getattr(e, "object_type", None), getattr(e, "key", None))
+        value = getattr(e, "value", None)
+        if type(value).__name__ == "AnyNode":  # OmegaConf's untyped node: name what it holds
+            value = value._value()
+        shown = "null" if value is None else repr(value)
+        kind = "" if shown == "null" else f" ({value_kind(value)})"
+        return ConfigError(
+            f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
+        )
+    return ConfigError(f"Invalid config in {source}: {one_line(e)}")
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: Optional[List[str]] = None,
+    schema: type = JobConfig,
+) -> Any:
+    """Load a YAML job file, apply ``key=value`` overrides, validate, return dataclasses.
+
+    Args:
+        path: YAML file; None starts from the schema's defaults.
+        overrides: dotted overrides, e.g. ``["env.num_envs=16", "trainer.lr=1e-4"]``.
+        schema: top-level dataclass (default :class:`JobConfig`).
+
+    Returns:
+        An instance of ``schema`` (nested dataclasses, variants resolved by ``type``).
+
+    Raises:
+        ConfigError: missing file, invalid YAML, unknown key (with the closest valid key),
+            wrong type (with key, expected type and value), unknown variant type, or a
+            cross-field check of a section's ``__post_init__``.
+    """
+    overrides = list(overrides or [])
+    raw = _read_yaml(path) if path is not None else OmegaConf.create({})
+    ov = parse_overrides(overrides)
+    source = str(path) if path is not None else "defaults"
+    if overrides:
+        source += f" + overrides {overrides}"
+    try:
+        merged_raw = OmegaConf.merge(raw, ov)
+        structured = _schema_for(schema, merged_raw)
+    except (OmegaConfBaseException, TypeError) as e:  # `env: 3` in the file, `env.num_envs=4`
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or ConfigError(f"Invalid config in {source}: {one_line(e)}")) from None
+    _open_free_dicts(structured)
+    try:
+        cfg = OmegaConf.merge(structured, merged_raw)
+        for key, value in _free_dict_overrides(structured, overrides, ov).items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        cause = e
+        # to_object wraps __post_init__ errors; surface ours unchanged.
+        inner = e.__cause__ or e.__context__
+        if isinstance(inner, ConfigError):
+            raise inner from None
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or _translate(cause, structured, source)) from None
+    except ConfigError:
+        raise
+    except TypeError as e:  # e.g. a mapping given for a list field
+        raise (_container_mismatch(overrides, ov, raw, schema, source)
+               or ConfigError(f"Invalid config in {source}: {one_line(e)}")) from None
+    _reject_nan(obj)
+    return obj
+
+
+def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, schema: type,
+                        source: str) -> Optional[ConfigError]:
+    """The "Wrong type" error for the first override whose value is a mapping or a list where
+    the field holds something else, which OmegaConf reports only as
+    "Cannot merge incompatible container types"; None when no override is such a one."""
+
+    try:
+        structured = _schema_for(schema, raw)
+    except Exception:  # noqa: BLE001 - the file itself is malformed: nothing to compare with
+        return None
+    for o in overrides:
+        key = o.lstrip("+").partition("=")[0].strip()
+        new = OmegaConf.select(ov, key, default=None)
+        old = OmegaConf.select(raw, key, default=None)
+        if old is None:
+            old = OmegaConf.select(structured, key, default=None, throw_on_missing=False)
+        if (new is None or old is None or not isinstance(new, (DictConfig, ListConfig))
+                or value_kind(new) == value_kind(old)):
+            continue  # a plain value of the wrong type is reported by _translate
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(structured, parent) if parent else structured
+        cls = getattr(getattr(node, "_metadata", None), "object_type", None)
+        expected = field_type_name(cls, leaf)
+        shown = o.partition("=")[2].strip()
+        return ConfigError(f"Wrong type for config key {key!r} in {source}: expected {expected}, "
+                           f"got {shown} ({value_kind(new)}).")
+    return None
+
+
+def _reject_nan(obj: Any, prefix: str = "") -> None:
+    """NaN passes every range check (all comparisons are False): refuse it in any field."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _reject_nan(v, f"{prefix}{f.name}.")
+        elif isinstance(v, float) and v != v:
+            raise ConfigError(f"{prefix}{f.name} is NaN; give a number.")
+
+
+def to_yaml(cfg: Any) -> str:
+    """Resolved YAML text of a config dataclass (what ``config show`` prints)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: Any, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
+    """Write the resolved config into ``run_dir`` atomically (temp file, then rename; mode
+    0644 like the run's other files)."""
+    from rlinf_embodied.checkpoint import atomic_write_text
+
+    return atomic_write_text(Path(run_dir) / name, to_yaml(cfg))
+
+
+def as_dict(cfg: Any) -> Dict[str, Any]:
+    """Plain-dict view of a config dataclass (for logging and hashing only)."""
+    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def check_registered_env_id(env_id: str, family: str, registry_hint: str) -> None:
+    """Raise if ``env_id`` is not in gymnasium's registry (after the caller imported the
+    simulator that registers its envs), suggesting the closest registered ids.
+
+    Raises:
+        ConfigError: for an unregistered id.
+    """
+    import difflib
+
+    import gymnasium as gym
+
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"env.env_id={env_id!r} is not a registered {family} env.{hint} "
+                      f"List them with: {registry_hint}")
