@@ -32,7 +32,8 @@ def run_one(obs_mode: str, procs: int, episodes: int, max_steps: int, image_size
             workdir: Path) -> float:
     """Episodes per hour of one configuration."""
     from rlinf_embodied.envs.registry import make_env
-    from rlinf_embodied.eval.run import EvalRequest, evaluate
+    from rlinf_embodied.eval.request import EvalRequest
+    from rlinf_embodied.eval.run import evaluate
 
     built = {}
 

@@ -154,10 +154,11 @@ def eval_command(
               f"--policy random).")
     if max_steps is not None and max_steps < 1:  # before the protocol's "or null" wording
         _fail(f"--max-steps must be >= 1 (got {max_steps}); leave it out for the protocol's own.")
+    from rlinf_embodied.eval.policy_files import PolicySourceError
     from rlinf_embodied.eval.protocols import ProtocolError
+    from rlinf_embodied.eval.request import EvalError, EvalRequest
     from rlinf_embodied.eval.results import ResultsError
-    from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate
-    from rlinf_embodied.eval.sources import PolicySourceError
+    from rlinf_embodied.eval.run import evaluate
     from rlinf_embodied.envs.base import EnvError
 
     def progress(done: int, total: int, ep) -> None:

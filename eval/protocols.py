@@ -121,7 +121,7 @@ class Protocol:
             done, which for LIBERO is success.
         policy_mode: ``greedy`` (the distribution's mode) or ``sample`` (actions drawn from the
             policy's distribution, as RL rollouts take them, with a torch random stream seeded
-            by ``global_seed``; see :mod:`rlinf_embodied.eval.sources`).
+            by ``global_seed``; see :mod:`rlinf_embodied.eval.acting`).
         vla_conventions: policy config fields applied when a published OpenVLA/OFT checkpoint
             is evaluated (``unnorm_key``: templates with ``{suite}`` tried in order); empty for none.
         requires: distribution name -> PEP 440 specifier of the simulator stack.

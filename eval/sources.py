@@ -22,6 +22,9 @@ ignores the mode.
 
 Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
 of the factory's module source, or of the word ``random``.
+
+The SOURCE's files are found and hashed in :mod:`rlinf_embodied.eval.policy_files`; the act
+function of a Policy-like source is built in :mod:`rlinf_embodied.eval.acting`.
 """
 
 from __future__ import annotations
@@ -34,17 +37,20 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import numpy as np
-from rlinf_embodied.eval.protocols import POLICY_MODES
+from rlinf_embodied.eval.acting import as_chunk, policy_act
+from rlinf_embodied.eval.policy_files import (
+    RUN_CHECKPOINTS,
+    PolicySourceError,
+    choose_unnorm_key,
+    find_checkpoint,
+    hash_files,
+    vla_type,
+)
 
-__all__ = ["PolicyContext", "LoadedPolicy", "PolicySourceError", "resolve_policy", "hash_files",
-           "find_checkpoint", "RUN_CHECKPOINTS"]
-
-
-class PolicySourceError(ValueError):
-    """``--policy`` does not name a usable policy; the message says what was looked for."""
+__all__ = ["PolicyContext", "LoadedPolicy", "resolve_policy", "oft_layout"]
 
 
 @dataclass
@@ -83,7 +89,8 @@ class LoadedPolicy:
     Attributes:
         act: ``act(obs) -> actions`` (N, K, A) numpy or torch, in env units: the policy's
             greedy actions, or actions drawn from its distribution when the protocol's
-            ``policy_mode`` is ``sample`` (seeded per episode, see :func:`episode_seed`).
+            ``policy_mode`` is ``sample`` (seeded per episode, see
+            :func:`~rlinf_embodied.eval.acting.episode_seed`).
         source: the SOURCE string as given.
         kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
         sha256: hash of the checkpoint files / factory source (hex).
@@ -115,36 +122,6 @@ class LoadedPolicy:
         return h
 
 
-def hash_files(root: Path) -> str:
-    """sha256 over every file below ``root`` (relative path and contents, sorted by path).
-
-    Raises:
-        PolicySourceError: if ``root`` holds no files.
-    """
-    h = hashlib.sha256()
-    files = sorted(p for p in Path(root).rglob("*") if p.is_file())
-    if not files:
-        raise PolicySourceError(f"{root} holds no files to load a policy from.")
-    for p in files:
-        h.update(str(p.relative_to(root)).encode() + b"\0")
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def _as_chunk(actions: Any) -> Any:
-    """(N, A) -> (N, 1, A); (N, K, A) unchanged (numpy or torch)."""
-    if getattr(actions, "ndim", None) == 2:
-        return actions[:, None]
-    if getattr(actions, "ndim", None) != 3:
-        raise ValueError(
-            f"A policy must return actions of shape (N, A) or (N, K, A); got shape "
-            f"{getattr(actions, 'shape', type(actions))}."
-        )
-    return actions
-
-
 def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarray]:
     rng = np.random.default_rng(ctx.protocol.global_seed)
     low = np.where(np.isfinite(ctx.action_low), ctx.action_low, -1.0).astype(np.float32)
@@ -156,98 +133,6 @@ def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarr
         return rng.uniform(low, high, size=(ctx.num_envs, 1, low.shape[0])).astype(np.float32)
 
     return act
-
-
-def _policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[Mapping[str, Any]], Any]:
-    """``obs -> actions`` of a Policy-like object, in eval mode and without gradient.
-
-    Args:
-        policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
-        mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
-        seed: ``sample`` only: the protocol's ``global_seed``. Every call runs inside
-            :func:`torch.random.fork_rng` (CPU, plus the CUDA device the policy is on), so the
-            draws do not depend on other users of torch's global generator.
-
-    The ``sample`` function takes ``act(obs, episodes=None)``: with ``episodes`` (one
-    ``(task, trial, query)`` per env, None for an idle slot; what :func:`~rlinf_embodied.eval.run.run_pairs`
-    passes) it queries the policy once per env, each under its own seed derived from
-    ``(seed, task, trial, query)`` (:func:`episode_seed`), so an episode's actions do not depend
-    on ``num_envs`` or on which envs share its batch; this costs N batch-1 forward passes per
-    query (greedy evaluation keeps one batched pass). Without ``episodes`` it draws the batch
-    from one stream seeded once by ``seed``, advancing over calls.
-
-    Raises:
-        ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
-    """
-    import torch
-
-    if mode not in POLICY_MODES:
-        raise ValueError(f"policy_mode must be one of {', '.join(POLICY_MODES)} (got {mode!r}).")
-    if hasattr(policy, "eval"):
-        policy.eval()
-    if mode == "greedy":
-        def act(obs: Mapping[str, Any]) -> Any:
-            with torch.no_grad():
-                out = policy.act(obs, mode="greedy")
-            return _as_chunk(getattr(out, "actions", out))
-
-        return act
-
-    device = torch.device(getattr(policy, "device", "cpu"))
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    state: Dict[str, Any] = {}
-
-    def draw(obs: Mapping[str, Any]) -> Any:
-        out = policy.act(obs, mode="sample")
-        return _as_chunk(getattr(out, "actions", out))
-
-    def sample(obs: Mapping[str, Any], episodes: Optional[List[Optional[tuple]]] = None) -> Any:
-        with torch.random.fork_rng(devices=cuda, device_type="cuda"), torch.no_grad():
-            if episodes is not None:
-                rows, idle = [], []
-                for i, key in enumerate(episodes):
-                    if key is None:
-                        idle.append(i)
-                        rows.append(None)
-                        continue
-                    torch.manual_seed(episode_seed(seed, *key))  # seeds CUDA too
-                    rows.append(draw({k: _row(v, i) for k, v in obs.items()}))
-                like = next((r for r in rows if r is not None), None)
-                if like is None:
-                    return draw(obs)  # every slot idle: the actions are ignored
-                zero = like * 0  # idle slots: actions the loop ignores
-                rows = [zero if r is None else r for r in rows]
-                cat = np.concatenate if isinstance(like, np.ndarray) else torch.cat
-                return cat(rows, 0)
-            if not state:
-                torch.manual_seed(seed)
-            else:
-                torch.set_rng_state(state["cpu"])
-                if cuda:
-                    torch.cuda.set_rng_state(state["cuda"], cuda[0])
-            out = draw(obs)
-            state["cpu"] = torch.get_rng_state()
-            if cuda:
-                state["cuda"] = torch.cuda.get_rng_state(cuda[0])
-        return out
-
-    sample.per_episode = True  # run_pairs passes each env's (task, trial, query)
-    return sample
-
-
-def episode_seed(seed: int, task: Any, trial: int, query: int) -> int:
-    """Seed of the ``query``-th policy query of trial ``trial`` of ``task`` in a sampled
-    evaluation with ``global_seed`` ``seed``: the first 8 bytes of a sha256 over the four
-    (stable across processes and Python versions, unlike ``hash``), as a non-negative int63."""
-    text = f"{int(seed)}|{task!r}|{int(trial)}|{int(query)}".encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
-
-
-def _row(value: Any, i: int) -> Any:
-    """Row ``i`` of one observation entry, keeping its batch dimension (tensor, array, list)."""
-    if hasattr(value, "shape") or isinstance(value, (list, tuple)):
-        return value[i:i + 1]
-    return value
 
 
 def _mode_of(ctx: PolicyContext) -> tuple:
@@ -287,7 +172,7 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
     made = fn(ctx) if takes_ctx else fn()
     mode, seed = _mode_of(ctx)
     if hasattr(made, "act"):
-        act = _policy_act(made, mode, seed)
+        act = policy_act(made, mode, seed)
     elif mode != "greedy":
         raise PolicySourceError(
             f"Protocol policy_mode {mode} draws actions from the policy's distribution, but "
@@ -295,72 +180,13 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
             "object with act(obs, mode) or evaluate with --policy-mode greedy."
         )
     elif callable(made):
-        act = lambda obs: _as_chunk(made(obs))  # noqa: E731
+        act = lambda obs: as_chunk(made(obs))  # noqa: E731
     else:
         raise PolicySourceError(
             f"{source} returned {type(made).__name__}; a policy factory must return an object "
             "with act(obs, mode) or a function obs -> actions."
         )
     return LoadedPolicy(act, source, "callable", sha)
-
-
-RUN_CHECKPOINTS = ("latest", "best")
-"""Which checkpoint of a training run directory ``--policy`` takes (``--checkpoint``)."""
-
-
-def find_checkpoint(path: Path, which: str = "latest") -> Path:
-    """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
-
-    Accepts the directory itself, a checkpoint directory holding it (or a ``policy/``
-    subdirectory), or a run directory: its latest complete checkpoint (``which="latest"``,
-    ``checkpoints/latest``) or the one with the best in-training evaluation
-    (``which="best"``, ``checkpoints/best``, written at each evaluation whose
-    ``success_once`` is at least the best so far).
-
-    Raises:
-        PolicySourceError: when none of these is found (lists what was looked for); ``which``
-            not in :data:`RUN_CHECKPOINTS`; ``which="best"`` for a path that is no run
-            directory or a run without ``checkpoints/best``.
-    """
-    from rlinf_embodied.policies.registry import CONFIG_FILE
-
-    from rlinf_embodied.checkpoint import checkpoint_problem, latest_checkpoint
-
-    if which not in RUN_CHECKPOINTS:
-        raise PolicySourceError(
-            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}).")
-    is_run = (path / "checkpoints").is_dir()
-    if which == "best":
-        best = path / "checkpoints" / "best"
-        if not is_run:
-            raise PolicySourceError(
-                f"--checkpoint best selects a checkpoint of a training run directory, but {path} "
-                "has no checkpoints/; pass the run directory, or drop --checkpoint.")
-        if not best.is_dir():
-            raise PolicySourceError(
-                f"The run {path} has no checkpoints/best yet (the run writes it at its "
-                "evaluations, every trainer.eval_every iterations); use --checkpoint latest.")
-        problem = checkpoint_problem(best)
-        if problem is not None:
-            raise PolicySourceError(f"{problem}; use --checkpoint latest.")
-        candidates: List[Path] = [best, best / "policy"]
-        latest = best
-    else:
-        candidates = [path, path / "policy"]
-        latest = latest_checkpoint(path) if is_run else None
-        if latest is not None:
-            candidates += [latest, latest / "policy"]
-    for c in candidates:
-        if (c / CONFIG_FILE).is_file():
-            return c
-    raise PolicySourceError(
-        f"No policy checkpoint found at {path}: looked for {CONFIG_FILE} in "
-        + ", ".join(str(c) for c in candidates)
-        + (" (the run has no complete checkpoint yet)" if (path / "checkpoints").is_dir()
-           and latest is None else "")
-        + ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
-        "directory (config.json), 'random' or module:function."
-    )
 
 
 def _spec_of(ctx: PolicyContext) -> Any:
@@ -420,17 +246,9 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                       if (d / "runner_state.json").is_file()), None)
         if state is not None:
             iteration = json.loads(state.read_text()).get("iteration")
-    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
+    return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
                         needs_images=have.image_shape is not None, execution=_execution(policy),
                         checkpoint=which_run, iteration=iteration)
-
-
-def vla_type(path: Path) -> str:
-    """``openvla_oft`` when the published directory has OFT head files, else ``openvla``."""
-    oft_markers = ("action_head--", "proprio_projector--", "noisy_action_projector--")
-    if any(p.name.startswith(oft_markers) for p in path.iterdir()):
-        return "openvla_oft"
-    return "openvla"
 
 
 def _head_file(path: Path, prefix: str) -> Optional[Path]:
@@ -479,50 +297,6 @@ def oft_layout(path: Path, ctx: PolicyContext) -> Dict[str, Any]:
     return fields
 
 
-def _norm_stats_keys(path: Path) -> List[str]:
-    import json
-
-    for name in ("dataset_statistics.json", "config.json"):
-        p = path / name
-        if p.is_file():
-            try:
-                data = json.loads(p.read_text())
-            except json.JSONDecodeError:
-                continue
-            data = data.get("norm_stats", {}) if name == "config.json" else data
-            if isinstance(data, dict) and data:
-                return sorted(data)
-    return []
-
-
-def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Optional[str]:
-    """The un-normalisation key of a published checkpoint for this evaluation.
-
-    ``candidates`` (a template or a list of templates with ``{suite}``) are tried in order, as
-    upstream tries ``{suite}`` then ``{suite}_no_noops``; a checkpoint with statistics for one
-    dataset only uses that one.
-
-    Returns:
-        The key, or None when no template applies and the checkpoint has one dataset.
-
-    Raises:
-        PolicySourceError: several datasets and none of the candidates (lists them).
-    """
-    keys = _norm_stats_keys(path)
-    if isinstance(candidates, str):
-        candidates = [candidates]
-    tried = [c.format(suite=suite) for c in (candidates or []) if suite or "{suite}" not in c]
-    for key in tried:
-        if key in keys:
-            return key
-    if len(keys) <= 1:
-        return keys[0] if keys else None
-    raise PolicySourceError(
-        f"{path} has statistics for {keys} but none of {tried or ['(no suite)']}; it was not "
-        "fine-tuned on this suite, or pass a checkpoint whose dataset_statistics.json names it."
-    )
-
-
 def _load_vla(path: Path, source: str, ctx: PolicyContext,
               expected_type: Optional[str]) -> LoadedPolicy:
     from rlinf_embodied.policies.registry import build_policy, policy_types
@@ -561,7 +335,7 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
         raise PolicySourceError(f"Cannot build the {kind} policy from {path}: {e}") from None
     execution = dict(policy.execution())
     execution.update({k: getattr(cfg, k) for k in ("use_wrist_image", "use_proprio") if k in fields})
-    return LoadedPolicy(_policy_act(policy, *_mode_of(ctx)), source, kind, hash_files(path), str(path),
+    return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, kind, hash_files(path), str(path),
                         execution=execution)
 
 

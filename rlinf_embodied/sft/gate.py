@@ -70,7 +70,8 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         "episodes", "results"}`` (success_once rate with its Wilson interval, ManiSkill's
         ``success_at_end`` likewise, the results file path).
     """
-    from rlinf_embodied.eval.run import EvalRequest, evaluate
+    from rlinf_embodied.eval.request import EvalRequest
+    from rlinf_embodied.eval.run import evaluate
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

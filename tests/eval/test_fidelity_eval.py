@@ -9,8 +9,9 @@ import eval_helpers  # noqa: F401 (policy factories and envs by module name)
 import numpy as np
 import pytest
 from rlinf_embodied.eval.report import write_reports
+from rlinf_embodied.eval.request import EvalError, EvalRequest
 from rlinf_embodied.eval.results import Episode, ResultsFile
-from rlinf_embodied.eval.run import EvalError, EvalRequest, evaluate
+from rlinf_embodied.eval.run import evaluate
 from rlinf_embodied.eval.stats import mean_interval, t_quantile, wilson_interval
 
 pytestmark = pytest.mark.timeout(120)
@@ -203,7 +204,7 @@ def test_a_gym_run_is_evaluated_with_its_state_key_order(tmp_path):
                                max_steps=3, output=str(tmp_path / "b.json"),
                                env_overrides={"kwargs": {"with_image": True, "length": 4}}))
     assert res.header["env_config"]["kwargs"] == {"with_image": True, "length": 4}
-    from rlinf_embodied.eval.run import overridden_run_settings
+    from rlinf_embodied.eval.request import overridden_run_settings
 
     req = EvalRequest(env="gym", task="toy/Countdown-v0", policy=str(run), env_overrides={"kwargs": {"with_image": False},
                                                                           "state_keys": ["state"]})

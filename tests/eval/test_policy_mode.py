@@ -9,9 +9,11 @@ the greedy episodes; run twice, it repeats itself exactly.
 import numpy as np
 import pytest
 import torch
+from rlinf_embodied.eval.policy_files import PolicySourceError
 from rlinf_embodied.eval.protocols import ProtocolError, get_protocol
-from rlinf_embodied.eval.run import EvalRequest, evaluate
-from rlinf_embodied.eval.sources import PolicyContext, PolicySourceError, resolve_policy
+from rlinf_embodied.eval.request import EvalRequest
+from rlinf_embodied.eval.run import evaluate
+from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
 
 TASK = "toy/PointReach-v0"
 

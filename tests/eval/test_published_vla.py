@@ -7,7 +7,8 @@ import pytest
 import torch
 import vla_reference as ref
 from rlinf_embodied.eval.protocols import get_protocol
-from rlinf_embodied.eval.sources import PolicyContext, PolicySourceError, resolve_policy
+from rlinf_embodied.eval.policy_files import PolicySourceError
+from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(300)

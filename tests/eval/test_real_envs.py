@@ -11,7 +11,8 @@ from pathlib import Path
 import eval_helpers
 import numpy as np
 import pytest
-from rlinf_embodied.eval.run import EvalRequest, evaluate
+from rlinf_embodied.eval.request import EvalRequest
+from rlinf_embodied.eval.run import evaluate
 
 pytest.importorskip("libero")
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import eval_helpers
 import pytest
+from rlinf_embodied.eval.request import EvalRequest
 from rlinf_embodied.eval.results import ResultsError, ResultsFile
-from rlinf_embodied.eval.run import EvalRequest, evaluate
+from rlinf_embodied.eval.run import evaluate
 
 TASK = "toy/PointReach-v0"
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 from rlinf_embodied.eval.protocols import get_protocol
-from rlinf_embodied.eval.sources import PolicyContext, PolicySourceError, resolve_policy
+from rlinf_embodied.eval.policy_files import PolicySourceError
+from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
 
 SHAPES = {"states": (8,), "main_images": (32, 32, 3), "wrist_images": (32, 32, 3)}
 

@@ -1,0 +1,150 @@
+"""Where a ``--policy`` SOURCE's files are, what kind they are, and their sha256.
+
+Resolution only, no model is built here: :func:`find_checkpoint` picks the ``save_policy``
+directory of a checkpoint or training run directory (its ``latest`` or ``best`` checkpoint),
+:func:`vla_type` and :func:`choose_unnorm_key` read a published OpenVLA / OpenVLA-OFT
+directory, :func:`hash_files` fingerprints what was loaded. :mod:`rlinf_embodied.eval.sources`
+builds the policy from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, List, Optional
+
+__all__ = ["PolicySourceError", "hash_files", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+           "choose_unnorm_key"]
+
+
+class PolicySourceError(ValueError):
+    """``--policy`` does not name a usable policy; the message says what was looked for."""
+
+
+def hash_files(root: Path) -> str:
+    """sha256 over every file below ``root`` (relative path and contents, sorted by path).
+
+    Raises:
+        PolicySourceError: if ``root`` holds no files.
+    """
+    h = hashlib.sha256()
+    files = sorted(p for p in Path(root).rglob("*") if p.is_file())
+    if not files:
+        raise PolicySourceError(f"{root} holds no files to load a policy from.")
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+RUN_CHECKPOINTS = ("latest", "best")
+"""Which checkpoint of a training run directory ``--policy`` takes (``--checkpoint``)."""
+
+
+def find_checkpoint(path: Path, which: str = "latest") -> Path:
+    """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
+
+    Accepts the directory itself, a checkpoint directory holding it (or a ``policy/``
+    subdirectory), or a run directory: its latest complete checkpoint (``which="latest"``,
+    ``checkpoints/latest``) or the one with the best in-training evaluation
+    (``which="best"``, ``checkpoints/best``, written at each evaluation whose
+    ``success_once`` is at least the best so far).
+
+    Raises:
+        PolicySourceError: when none of these is found (lists what was looked for); ``which``
+            not in :data:`RUN_CHECKPOINTS`; ``which="best"`` for a path that is no run
+            directory or a run without ``checkpoints/best``.
+    """
+    from rlinf_embodied.policies.registry import CONFIG_FILE
+
+    from rlinf_embodied.checkpoint import checkpoint_problem, latest_checkpoint
+
+    if which not in RUN_CHECKPOINTS:
+        raise PolicySourceError(
+            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}).")
+    is_run = (path / "checkpoints").is_dir()
+    if which == "best":
+        best = path / "checkpoints" / "best"
+        if not is_run:
+            raise PolicySourceError(
+                f"--checkpoint best selects a checkpoint of a training run directory, but {path} "
+                "has no checkpoints/; pass the run directory, or drop --checkpoint.")
+        if not best.is_dir():
+            raise PolicySourceError(
+                f"The run {path} has no checkpoints/best yet (the run writes it at its "
+                "evaluations, every trainer.eval_every iterations); use --checkpoint latest.")
+        problem = checkpoint_problem(best)
+        if problem is not None:
+            raise PolicySourceError(f"{problem}; use --checkpoint latest.")
+        candidates: List[Path] = [best, best / "policy"]
+        latest = best
+    else:
+        candidates = [path, path / "policy"]
+        latest = latest_checkpoint(path) if is_run else None
+        if latest is not None:
+            candidates += [latest, latest / "policy"]
+    for c in candidates:
+        if (c / CONFIG_FILE).is_file():
+            return c
+    raise PolicySourceError(
+        f"No policy checkpoint found at {path}: looked for {CONFIG_FILE} in "
+        + ", ".join(str(c) for c in candidates)
+        + (" (the run has no complete checkpoint yet)" if (path / "checkpoints").is_dir()
+           and latest is None else "")
+        + ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
+        "directory (config.json), 'random' or module:function."
+    )
+
+
+def vla_type(path: Path) -> str:
+    """``openvla_oft`` when the published directory has OFT head files, else ``openvla``."""
+    oft_markers = ("action_head--", "proprio_projector--", "noisy_action_projector--")
+    if any(p.name.startswith(oft_markers) for p in path.iterdir()):
+        return "openvla_oft"
+    return "openvla"
+
+
+def _norm_stats_keys(path: Path) -> List[str]:
+    import json
+
+    for name in ("dataset_statistics.json", "config.json"):
+        p = path / name
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text())
+            except json.JSONDecodeError:
+                continue
+            data = data.get("norm_stats", {}) if name == "config.json" else data
+            if isinstance(data, dict) and data:
+                return sorted(data)
+    return []
+
+
+def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Optional[str]:
+    """The un-normalisation key of a published checkpoint for this evaluation.
+
+    ``candidates`` (a template or a list of templates with ``{suite}``) are tried in order, as
+    upstream tries ``{suite}`` then ``{suite}_no_noops``; a checkpoint with statistics for one
+    dataset only uses that one.
+
+    Returns:
+        The key, or None when no template applies and the checkpoint has one dataset.
+
+    Raises:
+        PolicySourceError: several datasets and none of the candidates (lists them).
+    """
+    keys = _norm_stats_keys(path)
+    if isinstance(candidates, str):
+        candidates = [candidates]
+    tried = [c.format(suite=suite) for c in (candidates or []) if suite or "{suite}" not in c]
+    for key in tried:
+        if key in keys:
+            return key
+    if len(keys) <= 1:
+        return keys[0] if keys else None
+    raise PolicySourceError(
+        f"{path} has statistics for {keys} but none of {tried or ['(no suite)']}; it was not "
+        "fine-tuned on this suite, or pass a checkpoint whose dataset_statistics.json names it."
+    )

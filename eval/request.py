@@ -1,0 +1,217 @@
+"""What to evaluate: the typed request, its own checks, and the settings it takes from the
+policy's training run.
+
+:class:`EvalRequest` is what ``rlinf-embodied eval`` (and the SFT gate) hand to
+:func:`~rlinf_embodied.eval.run.evaluate`; :func:`check_request` refuses what is wrong with it
+before anything is loaded. When ``--policy`` is a training run, its ``config.yaml`` supplies the
+env settings that define the policy's spaces (:func:`run_env_config`,
+:func:`run_env_overrides`), unless the request sets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from rlinf_embodied.eval.protocols import Protocol
+from rlinf_embodied.eval.results import Episode
+
+__all__ = [
+    "EvalRequest",
+    "EvalError",
+    "check_request",
+    "all_pairs",
+    "Pair",
+    "DEFAULT_PROTOCOLS",
+    "VIDEO_MODES",
+    "run_env_config",
+    "run_max_episode_steps",
+    "RUN_ENV_KEYS",
+    "run_env_overrides",
+    "overridden_run_settings",
+]
+
+DEFAULT_PROTOCOLS = {"libero": "openvla_v1", "maniskill": "maniskill_fair_v1", "gym": "seeded_v1"}
+"""Protocol used when ``--protocol`` is not given, per env family."""
+
+VIDEO_MODES = ("none", "failures", "all")
+"""``--video`` choices: no MP4s, those of failed episodes, or every episode's."""
+
+
+class EvalError(ValueError):
+    """Invalid evaluation request (unknown suite/task, too many trials, ...); says the fix."""
+
+
+@dataclass
+class EvalRequest:
+    """One evaluation, as given on the command line.
+
+    Attributes:
+        env: env family, ``libero``, ``maniskill`` or ``gym``; None takes the ``env.type`` of
+            the training run ``policy`` is (:class:`EvalError` if it is none).
+        policy: ``--policy`` SOURCE (see :mod:`rlinf_embodied.eval.sources`).
+        suite: LIBERO suite (``libero_spatial`` ...).
+        task: ManiSkill / gymnasium env id (``PushCube-v1``).
+        protocol: protocol name; None takes :data:`DEFAULT_PROTOCOLS` of the family.
+        tasks: LIBERO task ids of the suite; None evaluates every task.
+        trials_per_task: overrides the protocol's count (selects trials 0..n-1).
+        num_envs: N, envs run concurrently (results do not depend on it: sampled actions are
+            seeded per episode and query, see :func:`~rlinf_embodied.eval.acting.episode_seed`).
+        num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
+        video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
+        output: results JSON path.
+        obs_mode: ``rgb``, ``state`` or ``auto`` (``state`` when the policy is known not to
+            read images and, outside ManiSkill, no video is requested; ManiSkill films a state
+            policy with its human camera).
+        max_steps: overrides the protocol's max steps (recorded; changes the protocol id).
+        num_settle_steps: overrides the protocol's settle steps (recorded likewise).
+        image_size: overrides the protocol's image size (recorded likewise).
+        policy_mode: overrides the protocol's ``policy_mode``: ``greedy`` or ``sample``
+            (recorded likewise).
+        checkpoint: which checkpoint of a training run directory ``policy`` is: ``latest``
+            (the newest complete one) or ``best`` (``checkpoints/best``, the best in-training
+            evaluation so far).
+        policy_type: the policy type the checkpoint must hold (``mlp``, ``openvla_oft`` ...).
+        device: torch device of the policy; None = ``cuda`` when available, else ``cpu``.
+        reports: write the ``.md`` / ``.png`` / ``.html`` reports at the end.
+        env_overrides: extra EnvConfig fields (e.g. ``{"hard_reset": False}``), recorded.
+        env_factory: builds the BatchedEnv from the EnvConfig; None uses the env registry's
+            ``make_env`` (tests and custom simulators inject their own here).
+        progress: called as ``progress(done, total, episode)`` after each finished episode.
+    """
+
+    env: Optional[str]
+    policy: str
+    suite: Optional[str] = None
+    task: Optional[str] = None
+    protocol: Optional[str] = None
+    tasks: Optional[List[int]] = None
+    trials_per_task: Optional[int] = None
+    num_envs: int = 8
+    num_processes: Optional[int] = None
+    video: str = "none"
+    output: str = "results.json"
+    obs_mode: str = "auto"
+    max_steps: Optional[int] = None
+    num_settle_steps: Optional[int] = None
+    image_size: Optional[int] = None
+    policy_mode: Optional[str] = None
+    checkpoint: str = "latest"
+    policy_type: Optional[str] = None
+    device: Optional[str] = None
+    reports: bool = True
+    env_overrides: Dict[str, Any] = field(default_factory=dict)
+    env_factory: Optional[Callable[[Any], Any]] = None
+    progress: Optional[Callable[[int, int, Episode], None]] = None
+
+
+Pair = Tuple[Any, int]
+"""A (task, trial) pair: LIBERO task id (int) or env id (str), and the trial index."""
+
+
+def all_pairs(tasks: Sequence[Any], trials: int) -> List[Pair]:
+    """Every (task, trial) pair, task-major: ``[(t0, 0), (t0, 1), ..., (t1, 0), ...]``."""
+    return [(t, i) for t in tasks for i in range(trials)]
+
+
+def check_request(req: EvalRequest) -> None:
+    """Check the request's own arguments, before any policy or env is loaded: ``video`` is one
+    of :data:`VIDEO_MODES`, ``num_envs`` >= 1, and the results file can be written
+    (:func:`_check_writable`).
+
+    Raises:
+        EvalError: naming the flag, the value and the valid choices.
+    """
+    if req.video not in VIDEO_MODES:
+        raise EvalError(f"--video must be one of {', '.join(VIDEO_MODES)} (got {req.video!r}).")
+    if req.num_envs < 1:
+        raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
+    _check_writable(Path(req.output))
+
+
+def _check_writable(output: Path) -> None:
+    """Fail before any env starts if the results file's folder cannot be written (it is made).
+
+    Raises:
+        EvalError: naming the path and the reason.
+    """
+    from rlinf_embodied.checkpoint import unwritable
+
+    if output.is_dir():
+        raise EvalError(f"--output {output} is a folder; pass the results file's path, e.g. "
+                        f"--output {output / 'results.json'}.")
+    why = unwritable(output.parent)
+    if why:
+        raise EvalError(f"Cannot write the results file {output} ({why}); pass --output PATH in "
+                        "a writable folder.")
+
+
+# --------------------------------------------------------------------------------------------
+# Settings taken from the policy's training run
+# --------------------------------------------------------------------------------------------
+def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """The ``env`` section of the ``config.yaml`` of the training run a ``--policy`` directory
+    belongs to, and that file's path.
+
+    Looks in the directory and up to three levels above it (a run, ``checkpoints/iter_*`` or
+    ``checkpoints/iter_*/policy``); ``({}, None)`` when there is none (or it does not parse).
+    """
+    path = Path(source)
+    if not path.is_dir():
+        return {}, None
+    import yaml
+
+    for d in [path, *list(path.resolve().parents)[:3]]:
+        cfg = d / "config.yaml"
+        if cfg.is_file():
+            try:
+                data = yaml.safe_load(cfg.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                return {}, None
+            env = data.get("env") if isinstance(data, dict) else None
+            return (dict(env) if isinstance(env, dict) else {}), cfg
+    return {}, None
+
+
+def run_max_episode_steps(run_env: Dict[str, Any]) -> Optional[int]:
+    """``max_episode_steps`` of a run's env section (:func:`run_env_config`); None when it sets
+    no limit."""
+    value = run_env.get("max_episode_steps")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+RUN_ENV_KEYS = {"maniskill": ("control_mode", "sensor_size"),
+                "gym": ("kwargs", "state_keys", "image_keys"), "libero": ()}
+"""Env settings that define the policy's observation and action spaces, taken from the training
+run's config when ``--policy`` is a run (the protocol does not fix them: ManiSkill's fair
+evaluation uses the env's defaults, which a run may have changed, e.g. ``pd_ee_delta_pose``
+for a 7-dim VLA; a gym run's ``state_keys`` fix the order of its state vector). LIBERO takes
+none: its protocol fixes the image size. The gym settings belong to one env, so they are taken
+only when ``--task`` is the run's ``env.env_id``."""
+
+
+def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The :data:`RUN_ENV_KEYS` settings the policy's run set (empty ones left out), when they
+    belong to the evaluated env: the same family, and for gym the same env id."""
+    if run_env.get("type", req.env) != req.env:
+        return {}
+    if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
+        return {}
+    return {k: run_env[k] for k in RUN_ENV_KEYS.get(req.env, ())
+            if run_env.get(k) not in (None, {}, [])}
+
+
+def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's settings (:func:`_run_settings` of its env section ``run_env``) that the
+    request does not set (``env_overrides``; ``--image-size`` or a protocol image size for
+    ``sensor_size``)."""
+    return {k: v for k, v in _run_settings(req, run_env).items() if k not in req.env_overrides
+            and not (k == "sensor_size" and protocol.image_size is not None)}
+
+
+def overridden_run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``--env-override`` values that replace a different setting of the policy's run
+    (e.g. a gym ``state_keys`` in another order, which permutes the policy's inputs)."""
+    return {k: req.env_overrides[k] for k, v in _run_settings(req, run_env).items()
+            if k in req.env_overrides and req.env_overrides[k] != v}
