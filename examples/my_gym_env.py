@@ -8,7 +8,7 @@ Run it from the repository root (so that ``examples.my_gym_env`` is importable):
 
     .venv/bin/python -m examples.my_gym_env
 
-or train with the YAML snippet in the README section "Bring your own gymnasium env"
+or train with the YAML snippet in docs/extending.md ("Your own gymnasium env")
 (``env.env_id: examples.my_gym_env:GoalSeekEnv``, run from the repository root).
 """
 

@@ -15,7 +15,7 @@ update the statistics are mean 0 / variance 1 (the identity up to the clip).
 
 Why it matters here: ManiSkill's state vectors mix joint angles (about 1 rad) with object and
 goal positions that vary by a few centimetres; unnormalised, the cube-to-goal offset is a tiny
-input signal. Measured on PushCube-v1 (16 envs): see README, "Training".
+input signal. Measured on PushCube-v1 (16 envs): see docs/results.md.
 """
 
 from __future__ import annotations

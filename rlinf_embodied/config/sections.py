@@ -94,7 +94,7 @@ class EnvConfig:
     Training on a mix shows the policy what follows a success (which the fixed-length
     evaluation scores with ``success_at_end``) while most episodes still end at success; with
     ``algorithm.bootstrap_terminations`` both kinds estimate the same values. Measured on
-    PushCube in README, "Training"."""
+    PushCube: docs/results.md."""
     success_hold_steps: int = 1
     """A termination that comes with ``success`` ends the episode only once ``success`` has
     held for this many consecutive steps (1: at the first success, the env's own rule). More
@@ -102,15 +102,15 @@ class EnvConfig:
     which the fixed-length evaluation scores with ``success_at_end``; terminations without
     success still end the episode at once. Any env that reports ``success`` (ManiSkill,
     LIBERO, gymnasium). Training only: evaluation runs fixed-length; refused with
-    ``ignore_terminations=true``, where it does nothing. Measured on PushCube in README,
-    "Training"."""
+    ``ignore_terminations=true``, where it does nothing. Measured on PushCube:
+    docs/results.md."""
     success_hold_ramp: Optional[List[int]] = None
     """``[a, b]``, training iterations as the log numbers them (from 1), a < b: the hold is 1
     up to iteration a (episodes end at their first success, which learns fastest),
     ``success_hold_steps`` from iteration b on, and grows linearly (rounded) in between
     (:meth:`hold_steps_at`; logged as ``rollout/success_hold_steps``). None: the full hold
-    from the start. Needs ``success_hold_steps`` above 1. Measured on PushCube in README,
-    "Training"."""
+    from the start. Needs ``success_hold_steps`` above 1. Measured on PushCube:
+    docs/results.md."""
     seed: Optional[int] = None
     """Base seed of env resets; None derives it from ``run.seed``."""
     num_processes: int = 1
@@ -294,7 +294,7 @@ class AlgorithmConfig:
     iteration i (0-based) every log-std above ``init + (to - init) * (i + 1) / iterations`` is
     set to it (a projection; below the ceiling the log-std is learned as before). Exploration
     then shrinks on a schedule instead of by the policy gradient alone, which on PushCube
-    barely moves it (README, "Training"). None: no cap."""
+    barely moves it (docs/results.md). None: no cap."""
     group_size: int = 1
     """G, rollouts per initial state (GRPO)."""
     grpo_std_normalize: bool = True
@@ -351,16 +351,23 @@ class TrainerConfig:
     """The training loop."""
 
     iterations: int = 100
+    """Training iterations (one rollout and one update each); ``linear`` / ``cosine``
+    ``lr_schedule`` and ``algorithm.log_std_anneal_to`` anneal over all of them."""
     rollout_steps: int = 50
     """T, env steps (policy queries) per env per iteration."""
     update_epochs: int = 4
+    """Passes over each iteration's rollout (PPO epochs)."""
     num_minibatches: int = 4
+    """Minibatches per epoch: the iteration's ``env.num_envs x rollout_steps`` samples split
+    evenly, so ``update_epochs x num_minibatches`` optimizer steps per iteration."""
     micro_batch_size: Optional[int] = None
     """Gradient accumulation micro-batch; None = whole minibatch."""
     lr: float = 3e-4
+    """Adam learning rate of the policy (and of the critic unless ``critic_lr`` is set)."""
     lr_schedule: str = "constant"
     """``constant``, ``linear`` or ``cosine``."""
     max_grad_norm: float = 0.5
+    """Gradient-norm clip of each optimizer step."""
     critic_lr: Optional[float] = None
     """Learning rate of the critic's parameters (value head, critic trunk); None uses
     ``lr``. Fine-tuning a policy with a small action std needs a small ``lr`` (one Adam step
@@ -378,7 +385,10 @@ class TrainerConfig:
     the last bits and what arrives together depends on timing: runs stop being bitwise
     reproducible. Sampling requests are always answered alone under their own seed."""
     eval_every: int = 10
+    """Evaluate (``eval.num_episodes`` held-out episodes) every this many iterations and at
+    the end; 0 never evaluates (and the run has no ``best`` checkpoint)."""
     save_every: int = 10
+    """Checkpoint every this many iterations and at the end; 0 saves only on Ctrl-C."""
     keep_checkpoints: int = 3
     """Periodic ``checkpoints/iter_*`` kept: after each save the older ones are deleted
     (``best`` is never); 0 keeps all."""
@@ -459,6 +469,10 @@ class LoggingConfig:
     """Metrics and progress output."""
 
     tensorboard: bool = True
+    """Write TensorBoard logs to ``<run dir>/tensorboard/``."""
     wandb: bool = False
+    """Also log to Weights & Biases (needs the ``wandb`` package)."""
     wandb_project: str = "rlinf-embodied"
+    """W&B project name, with ``wandb: true``."""
     console: bool = True
+    """Print one progress line per logged iteration (``metrics.jsonl`` is written either way)."""

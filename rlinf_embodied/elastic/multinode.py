@@ -3,8 +3,7 @@ resources, so placement spans nodes and a node can be killed (tests, benchmarks,
 elastic path without a second machine). Built on :class:`ray.cluster_utils.Cluster`.
 
 A real cluster needs none of this: start Ray on each machine (``ray start --head`` on one,
-``ray start --address=<head>:6379`` on the others) and set ``cluster.address`` (README,
-"Multi-node and preemptible rollout").
+``ray start --address=<head>:6379`` on the others) and set ``cluster.address`` (docs/elastic.md).
 """
 
 from __future__ import annotations

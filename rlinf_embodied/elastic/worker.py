@@ -7,7 +7,7 @@ weights version v therefore produces the same trajectory for a shard, so a shard
 worker is re-run elsewhere with an identical result (LIBERO / gym: from its seeds; ManiSkill:
 from its seeds too, since CPU physics is deterministic; restoring saved sim state mid-shard is
 not done: with ManiSkill 3.0.1 a restored ``get_state_dict`` state, elapsed steps and RNGs
-included, diverges from the uninterrupted run at the first step, see the README). The seeding matches :class:`~rlinf_embodied.workers.env_worker.EnvWorker`'s
+included, diverges from the uninterrupted run at the first step, see docs/elastic.md). The seeding matches :class:`~rlinf_embodied.workers.env_worker.EnvWorker`'s
 streams: shard k of n envs is seeded like stream k of n envs.
 """
 

@@ -156,7 +156,7 @@ def make_backend(name: str, model_dir: str, cfg) -> GenerationBackend:
     except ImportError as e:
         if name == "vllm":
             raise ImportError(
-                f"rollout.backend=vllm needs vLLM ({e}); run inside the vLLM venv (see README) "
+                f"rollout.backend=vllm needs vLLM ({e}); run inside the vLLM venv (see docs/reasoning.md) "
                 f"or set rollout.backend=hf."
             ) from e
         raise

@@ -91,7 +91,7 @@ class VLLMBackend(GenerationBackend):
             :func:`engine_kwargs`).
 
     Raises:
-        ImportError: vLLM is not installed (use ``.venv-vllm``, see README).
+        ImportError: vLLM is not installed (use ``.venv-vllm``, see docs/reasoning.md).
     """
 
     name = "vllm"

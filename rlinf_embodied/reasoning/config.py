@@ -222,13 +222,16 @@ class ReasoningTrainerConfig:
     lr: float = 1e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
     sft_steps: int = 0
     """Supervised warm-up steps on the task's solutions before RL (the tiny model starts from
     random weights, so it needs some to get any reward)."""
     sft_batch_size: int = 64
+    """Solutions per step of the supervised warm-up."""
     sft_lr: float = 3e-3
+    """AdamW learning rate of the supervised warm-up."""
     eval_every: int = 5
     """Evaluate every this many steps (and at the end); 0 disables."""
     save_every: int = 0

@@ -50,9 +50,13 @@ class BCConfig:
     steps: int = 3000
     """Optimizer steps."""
     batch_size: int = 256
+    """Demonstration steps per optimizer step (sampled with replacement)."""
     lr: float = 1e-3
+    """AdamW learning rate, cosine-annealed to 0 over ``steps``."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_grad_norm: float = 1.0
+    """Gradient-norm clip."""
     fit_log_std: bool = True
     """After BC, set a Gaussian head's log-std to its maximum-likelihood value given the fitted
     mean (log RMS residual per action dim, normalised units). The log-std's gradient steps move
@@ -87,8 +91,11 @@ class SFTEvalConfig:
     episodes: int = 100
     """Trials 0..episodes-1 of the protocol (seeds ``env_seed + i``)."""
     num_envs: int = 8
+    """Envs evaluated in parallel (every trial runs once whatever the number)."""
     num_processes: int = 2
+    """Env pool processes of the evaluation (CPU physics)."""
     protocol: str = "maniskill_fair_v1"
+    """Evaluation protocol (``rlinf-embodied eval protocols`` lists them)."""
     gate_episodes: int = 20
     """The RL stage's step-0 gate re-evaluates the SFT checkpoint on the first this many
     trials and compares with the SFT stage's result on the same trials."""
