@@ -37,6 +37,7 @@ import ray
 from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlinf_embodied.omp import omp_wait_env
 from rlinf_embodied.runtime import device as dev
 from rlinf_embodied.runtime.channel import flush_puts, release_prefetched, take_recent_puts
 from rlinf_embodied.runtime.cluster import Cluster
@@ -540,7 +541,7 @@ class WorkerGroup:
             torch_threads = max(1, cluster.node_cpus(node_id) // same_node)
         ctx = WorkerContext(self.name, rank, self.world_size, devices, context_switch, torch_threads, offload)
         # set at process start: libgomp reads its wait policy when torch loads it
-        env = {**dev.omp_wait_env(), **dev.visibility_env(devices)}
+        env = {**omp_wait_env(), **dev.visibility_env(devices)}
         return _HostActor.options(
             num_cpus=0,  # devices, not Ray's CPU count, decide placement
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
