@@ -3,7 +3,7 @@
 A channel decouples control flow from data flow, and its transport follows placement. A consumer
 that *binds* a key (:meth:`Channel.bind`, before the first put) receives that key's items
 directly: handed over in its own process, through a Unix socket and shared memory from another
-process of its node, through TCP from another node (:mod:`rlinf_embodied.runtime.transport`);
+process of its node, through TCP from another node (:mod:`rlinf_embodied.runtime.transports`);
 the queue actor only records where the key goes. This is the data path of the training
 workflow (every key there has one known consumer).
 
@@ -38,7 +38,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime import transport
+from rlinf_embodied.runtime.transports import router
+from rlinf_embodied.runtime.transports.base import LOCAL, ConsumerGone
+from rlinf_embodied.runtime.transports.endpoint import endpoint, has_endpoint
 
 INLINE_BYTES = 64 * 1024
 """Items whose tensors/arrays total at most this many bytes are sent inline through the queue
@@ -158,7 +160,7 @@ class _ChannelQueue:
         self._abandoned: dict[str, set[int]] = collections.defaultdict(set)
         self._requests: dict[str, asyncio.Task] = {}  # read-ahead gets, cancellable by id
         self._cancelled: set[str] = set()  # cancels that arrived before their get
-        self._routes: dict[Hashable, Any] = {}  # bound key -> transport.Address of its consumer
+        self._routes: dict[Hashable, Any] = {}  # bound key -> transports.base.Address of its consumer
         self._queued_keys: set[Hashable] = set()  # keys producers were told to queue here
 
     def config(self) -> dict:
@@ -412,7 +414,7 @@ class Channel:
         """Enqueue ``item``; blocks while the channel is full.
 
         A key bound by its consumer (:meth:`bind`) goes straight to that process (see
-        :mod:`rlinf_embodied.runtime.transport`); the put returns once the item is on its way.
+        :mod:`rlinf_embodied.runtime.transports`); the put returns once the item is on its way.
         Other items go through the queue actor; without a timeout that put is pipelined, with at
         most ``PUT_PIPELINE`` puts of this process unacknowledged (see :func:`flush_puts`).
         Items from one process keep their order per key.
@@ -478,11 +480,11 @@ class Channel:
     def _put_direct(self, item: Any, key: Hashable, address, timeout: float | None) -> bool:
         _recent_puts.add(self.name)
         for attempt in range(2):
-            kind = transport.choose(_node_id(), address, transport_override[0])
-            payload = self._stage(item) if kind != transport.LOCAL or self.device == "cpu" else item
+            kind = router.choose(_node_id(), address, transport_override[0])
+            payload = self._stage(item) if kind != LOCAL or self.device == "cpu" else item
             try:
-                return transport.sender.send(self.name, self._instance, address, kind, key, payload, timeout)
-            except transport.ConsumerGone as err:
+                return router.sender.send(self.name, self._instance, address, kind, key, payload, timeout)
+            except ConsumerGone as err:
                 fresh = ray.get(self._actor.route.remote(key))  # a restarted consumer re-binds
                 if attempt or fresh is None or fresh == address:
                     raise RuntimeError(
@@ -509,7 +511,7 @@ class Channel:
 
         Call it in the consumer before anyone puts to ``key`` (e.g. in a worker's
         ``__init__``); producers then skip the queue actor and the object store (the transport
-        follows placement, see :mod:`rlinf_embodied.runtime.transport`). A restarted consumer
+        follows placement, see :mod:`rlinf_embodied.runtime.transports`). A restarted consumer
         may bind the key again. Items wait in this process until :meth:`get`; with a maxsize,
         at most maxsize items of this channel wait here and producers block beyond that.
 
@@ -529,7 +531,7 @@ class Channel:
         """
         if key is None:
             raise ValueError(f"Channel {self.name!r}: bind a key; unkeyed items are dealt by the queue.")
-        ep = transport.endpoint()
+        ep = endpoint()
         ep.expect(self._instance, self.maxsize, caller_reads)
         error = ray.get(self._actor.bind.remote(key, ep.address))
         if error:
@@ -591,13 +593,13 @@ class Channel:
         """
         if (self._instance, key) not in _bound:
             return [self.get(key=key, timeout=timeout)]
-        items = transport.endpoint().take_many(self._instance, key, max_items, timeout)
+        items = endpoint().take_many(self._instance, key, max_items, timeout)
         if not items:
             raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
         return [self._restore(item) for item in items]
 
     def _take_bound(self, key: Hashable, timeout: float | None) -> Any:
-        ok, item = transport.endpoint().take(self._instance, key, timeout)
+        ok, item = endpoint().take(self._instance, key, timeout)
         if not ok:
             raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
         return self._restore(item)
@@ -636,7 +638,7 @@ class Channel:
     def delete(self) -> None:
         """Destroy the channel (its queue actor and queued items); handles stop working."""
         _created.pop(self.name, None)
-        transport.sender.forget(self._instance)
+        router.sender.forget(self._instance)
         ray.kill(self._actor, no_restart=True)
 
     # ---- introspection ---------------------------------------------------------------------
@@ -646,16 +648,16 @@ class Channel:
         counting every put this process has made, plus the items of keys bound by this process
         that wait here (other processes' bound keys are theirs to count)."""
         flush_puts()
-        here = transport.endpoint().held(self._instance) if transport.has_endpoint() else 0
+        here = endpoint().held(self._instance) if has_endpoint() else 0
         return ray.get(self._actor.qsize.remote()) + here
 
     def hop_profile(self) -> dict:
         """Per-message times of the items this process received on its bound keys of this
         channel since the last call: ``messages`` and summed seconds ``encode_s``, ``wire_s``,
-        ``decode_s``, ``handoff_s`` (see :meth:`transport.Endpoint.hop_profile`)."""
-        if not transport.has_endpoint():
+        ``decode_s``, ``handoff_s`` (see :meth:`.transports.endpoint.Endpoint.hop_profile`)."""
+        if not has_endpoint():
             return {"messages": 0, "encode_s": 0.0, "wire_s": 0.0, "decode_s": 0.0, "handoff_s": 0.0}
-        return transport.endpoint().hop_profile(self._instance)
+        return endpoint().hop_profile(self._instance)
 
     def loads(self) -> dict[str, float]:
         """Total weight dealt to each registered unkeyed consumer."""
