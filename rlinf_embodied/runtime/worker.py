@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.omp import omp_wait_env
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime.channel import flush_puts, release_prefetched, take_recent_puts
+from rlinf_embodied.runtime.inflight import flush_puts, release_prefetched, take_recent_puts
 from rlinf_embodied.runtime.cluster import Cluster
 from rlinf_embodied.runtime.device_lock import DeviceLock
 from rlinf_embodied.runtime.placement import PlacementPlan, parse_device_ids
