@@ -3,7 +3,7 @@
 Both paths move torch uint8 tensors from a producer actor to a consumer actor on one node, with
 at most WINDOW items in flight (the channel's maxsize, or the producer's outstanding calls). The
 channel runs its workflow data path: the consumer binds its key, so items go straight to it
-(Unix socket, shared memory for large buffers; rlinf_embodied/runtime/transport.py).
+(Unix socket, shared memory for large buffers; rlinf_embodied/runtime/transports/same_node.py).
 Prints one JSON line last:
 
     channel_vs_ray_ratio_1mib, channel_vs_ray_ratio_16mib   throughput ratios (target >= 1.0)

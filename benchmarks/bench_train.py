@@ -278,7 +278,7 @@ def cold_encode_us(reps: int = 50) -> dict:
     other work (``after_10ms_work``, a policy query's rhythm: every hop of a query runs after
     an env step, a forward or a wait). The gap is the cache and TLB refill that every hop of
     ``query_overhead_ms`` pays; it belongs to the machine, not to the transport's code."""
-    from rlinf_embodied.runtime import transport
+    from rlinf_embodied.runtime.transports.codec import encode
     from rlinf_embodied.workers.messages import PolicyRequest
 
     torch.set_num_threads(1)
@@ -290,9 +290,9 @@ def cold_encode_us(reps: int = 50) -> dict:
         while time.perf_counter() < end:
             x = torch.tanh(x @ w)
         t0 = time.perf_counter()
-        transport.encode(("r0", req))
+        encode(("r0", req))
         t1 = time.perf_counter()
-        transport.encode(("r0", req))
+        encode(("r0", req))
         cold.append(t1 - t0)
         warm.append(time.perf_counter() - t1)
     return {"warm": round(1e6 * statistics.median(warm), 1), "after_10ms_work": round(1e6 * statistics.median(cold), 1)}

@@ -21,9 +21,9 @@ Failure handling (never a silent hang, never a lost episode result):
 * every failure is logged (``logging`` warning with the worker's traceback) and counted in
   :attr:`ProcessPool.num_errors`.
 
-OpenMP: every worker process starts with the runtime's OpenMP wait policy
-(:func:`rlinf_embodied.runtime.device.omp_wait_env`: passive, so that idle OpenMP threads do
-not spin on the cores the env processes step on). libgomp reads it when torch loads it, which
+OpenMP: every worker process starts with the framework's OpenMP wait policy
+(:func:`rlinf_embodied.omp.omp_wait_env`: passive, so that idle OpenMP threads do not spin on
+the cores the env processes step on). libgomp reads it when torch loads it, which
 for ``forkserver`` is in the fork server (it preloads this module, and with it torch): the policy
 is in the parent's environment while the server and the workers are launched.
 
@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from rlinf_embodied.runtime.device import omp_wait_env
+from rlinf_embodied.omp import omp_wait_env
 
 from .base import EnvError, EnvSpec, SubBatch, Transition
 

@@ -4,21 +4,20 @@ locks and placement. It knows nothing about robots or models.
 Importing this package imports Ray; ``import rlinf_embodied`` alone does not.
 """
 
-from rlinf_embodied.runtime.channel import Channel, ChannelTimeout, flush_puts, release_prefetched
+from rlinf_embodied.runtime.calls import (
+    CallHandle,
+    CallTiming,
+    RemoteError,
+    WorkerDiedError,
+    wait_all,
+)
+from rlinf_embodied.runtime.channel import Channel, ChannelTimeout
 from rlinf_embodied.runtime.cluster import Cluster
 from rlinf_embodied.runtime.device import Device
 from rlinf_embodied.runtime.device_lock import DeviceLock, LockEvent
+from rlinf_embodied.runtime.inflight import flush_puts, release_prefetched
 from rlinf_embodied.runtime.placement import GroupPlacement, PlacementError, PlacementPlan
-from rlinf_embodied.runtime.worker import (
-    CallHandle,
-    CallTiming,
-    PerRank,
-    RemoteError,
-    Worker,
-    WorkerDiedError,
-    WorkerGroup,
-    wait_all,
-)
+from rlinf_embodied.runtime.worker import PerRank, Worker, WorkerGroup
 
 __all__ = [
     "CallHandle",

@@ -3,15 +3,15 @@
 A channel decouples control flow from data flow, and its transport follows placement. A consumer
 that *binds* a key (:meth:`Channel.bind`, before the first put) receives that key's items
 directly: handed over in its own process, through a Unix socket and shared memory from another
-process of its node, through TCP from another node (:mod:`rlinf_embodied.runtime.transport`);
+process of its node, through TCP from another node (:mod:`rlinf_embodied.runtime.transports`);
 the queue actor only records where the key goes. This is the data path of the training
 workflow (every key there has one known consumer).
 
-Unbound keys and unkeyed (balanced) items go through the central queue actor, which holds only
-small entries: items larger than ``inline_bytes`` are ``ray.put`` by the producer and only their
-ObjectRef goes through the queue, so the payload travels once, from the producer's object store
-to the consumer. Smaller items ride inline (one extra copy through the queue costs less than an
-object-store round trip).
+Unbound keys and unkeyed (balanced) items go through the central queue actor
+(:mod:`rlinf_embodied.runtime.channel_queue`), which holds only small entries: items larger than
+``inline_bytes`` are ``ray.put`` by the producer and only their ObjectRef goes through the queue,
+so the payload travels once, from the producer's object store to the consumer. Smaller items
+ride inline (one extra copy through the queue costs less than an object-store round trip).
 
 Ordering and balancing:
 
@@ -38,21 +38,17 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime import transport
+from rlinf_embodied.runtime import inflight
+from rlinf_embodied.runtime.channel_queue import Entry, QueueActor
+from rlinf_embodied.runtime.transports import router
+from rlinf_embodied.runtime.transports.base import LOCAL, ConsumerGone
+from rlinf_embodied.runtime.transports.endpoint import endpoint, has_endpoint
 
 INLINE_BYTES = 64 * 1024
 """Items whose tensors/arrays total at most this many bytes are sent inline through the queue
 actor instead of the object store (Ray itself inlines task arguments below 100 KiB)."""
 
 _ACTOR_PREFIX = "rlinf_channel:"
-PUT_PIPELINE = 4
-"""Puts a producer process may have in flight before ``put`` waits for the oldest to be
-accepted. Hides the queue actor's round trip (so a channel moves data about as fast as plain
-``ray.put``/``ray.get``, see benchmarks/bench_channel.py); back-pressure still holds, a producer
-runs at most this many items past a full channel."""
-
-_recent_puts: set[str] = set()
-_in_flight: collections.deque = collections.deque()  # (channel name, ack) of unacknowledged puts
 _created: dict[str, Any] = {}  # keeps channels alive for the creating process's lifetime
 
 
@@ -60,243 +56,11 @@ class ChannelTimeout(TimeoutError):
     """A channel ``put`` or ``get`` did not complete within its timeout."""
 
 
-def take_recent_puts() -> set[str]:
-    """Names of the channels this process put into since the last call (and forget them).
-
-    The device lock uses it to hand the device to consumers of what was just produced.
-    """
-    names = set(_recent_puts)
-    _recent_puts.difference_update(names)
-    return names
-
-
-def flush_puts() -> None:
-    """Wait until every ``put`` this process made has been accepted by its channel.
-
-    Worker methods and device-lock releases call it, so a worker's puts are in their channels
-    once its method returns or its devices are handed over.
-    """
-    while _in_flight:
-        _await_ack(*_in_flight.popleft())
-
-
-def _await_ack(name: str, ack: ray.ObjectRef) -> None:
-    try:
-        ray.get(ack)
-    except ray.exceptions.RayActorError as err:
-        raise RuntimeError(
-            f"Channel {name!r} was deleted or died before accepting a put; the item is lost. "
-            f"Delete a channel only after its producers' methods have returned."
-        ) from err
-
-
-@dataclasses.dataclass
-class _ReadAhead:
-    """A get request issued before the consumer asked (``prefetch``), not yet consumed."""
-
-    channel: "Channel"
-    request_id: str
-    ref: ray.ObjectRef
-
-
-_read_ahead: dict[tuple[str, Hashable, str], _ReadAhead] = {}  # (channel, key, consumer)
-_request_ids = itertools.count()
-
-
-def release_prefetched() -> None:
-    """Withdraw this process's read-ahead requests, returning items they already took.
-
-    Worker methods call it on return, so a prefetching consumer never strands an item.
-    """
-    while _read_ahead:
-        (_, key, consumer), pending = _read_ahead.popitem()
-        actor = pending.channel._actor
-        try:
-            ray.get(actor.cancel.remote(pending.request_id))
-            entry = ray.get(pending.ref)
-            if entry is not None:
-                ray.get(actor.unget.remote(entry, key, consumer))
-        except ray.exceptions.RayActorError:
-            pass  # the channel is gone, and its items with it
-
-
 @dataclasses.dataclass
 class _HostStaged:
     """An item whose accelerator tensors were copied to host; restored onto the consumer's device."""
 
     tree: Any
-
-
-@dataclasses.dataclass
-class _Entry:
-    inline: bool
-    data: Any  # the item itself, or [ObjectRef] (a list, so Ray passes the ref, not its value)
-    weight: float
-
-
-class _ChannelQueue:
-    """The queue actor (async): FIFO per key, weight-balanced dealing of unkeyed items."""
-
-    def __init__(
-        self, name: str, maxsize: int, device: str | None, inline_bytes: int, instance: str
-    ) -> None:
-        self._config = dict(
-            name=name, maxsize=maxsize, device=device, inline_bytes=inline_bytes, instance=instance
-        )
-        self._maxsize = maxsize
-        self._cond = asyncio.Condition()
-        self._keyed: dict[Hashable, collections.deque[_Entry]] = collections.defaultdict(
-            collections.deque
-        )
-        self._pool: collections.deque[_Entry] = collections.deque()
-        self._assigned: dict[str, collections.deque[_Entry]] = {}
-        self._load: dict[str, float] = {}
-        self._size = 0
-        # Ray may start an async actor's calls out of submission order, so each producer
-        # numbers its puts and they are applied in that order.
-        self._next_seq: dict[str, int] = collections.defaultdict(int)
-        self._abandoned: dict[str, set[int]] = collections.defaultdict(set)
-        self._requests: dict[str, asyncio.Task] = {}  # read-ahead gets, cancellable by id
-        self._cancelled: set[str] = set()  # cancels that arrived before their get
-        self._routes: dict[Hashable, Any] = {}  # bound key -> transport.Address of its consumer
-        self._queued_keys: set[Hashable] = set()  # keys producers were told to queue here
-
-    def config(self) -> dict:
-        return self._config
-
-    def qsize(self) -> int:
-        return self._size
-
-    def loads(self) -> dict[str, float]:
-        return dict(self._load)
-
-    def bind(self, key: Hashable, address) -> str | None:
-        """Route ``key`` to the consumer at ``address``; an error message if it is too late."""
-        if key in self._queued_keys or self._keyed.get(key):
-            return (f"Channel {self._config['name']!r}: key {key!r} already carries items through "
-                    f"the queue; bind it before the first put (e.g. in the consumer's __init__).")
-        self._routes[key] = address
-        return None
-
-    def route(self, key: Hashable):
-        """Where items of ``key`` go: its consumer's address, or None (through this queue)."""
-        address = self._routes.get(key)
-        if address is None:
-            self._queued_keys.add(key)
-        return address
-
-    async def register(self, consumer: str) -> None:
-        async with self._cond:
-            self._register(consumer)
-
-    def _register(self, consumer: str) -> None:
-        if consumer not in self._load:
-            self._load[consumer] = min(self._load.values(), default=0.0)
-            self._assigned[consumer] = collections.deque()
-
-    async def put(
-        self, entry: _Entry, key: Hashable, producer: str, seq: int, timeout: float | None
-    ) -> bool:
-        async with self._cond:
-            my_turn = lambda: self._next_seq[producer] == seq and not self._full()  # noqa: E731
-            accepted = await self._wait(my_turn, timeout)
-            if accepted:
-                (self._pool if key is None else self._keyed[key]).append(entry)
-                self._size += 1
-            if self._next_seq[producer] == seq:
-                self._advance(producer)
-            else:  # timed out behind an earlier put of the same producer: skip this number
-                self._abandoned[producer].add(seq)
-            self._cond.notify_all()
-            return accepted
-
-    def _advance(self, producer: str) -> None:
-        self._next_seq[producer] += 1
-        while self._next_seq[producer] in self._abandoned[producer]:
-            self._abandoned[producer].remove(self._next_seq[producer])
-            self._next_seq[producer] += 1
-
-    async def get(
-        self, key: Hashable, consumer: str, timeout: float | None, request_id: str | None = None
-    ) -> _Entry | None:
-        if request_id in self._cancelled:
-            self._cancelled.discard(request_id)
-            return None
-        if request_id is not None:
-            self._requests[request_id] = asyncio.current_task()
-        try:
-            async with self._cond:
-                if key is None:
-                    self._register(consumer)
-                taken: list[_Entry] = []
-
-                def ready() -> bool:
-                    entry = self._take(key, consumer)
-                    taken.extend([entry] if entry is not None else [])
-                    return bool(taken)
-
-                if not await self._wait(ready, timeout):
-                    return None
-                self._size -= 1
-                self._cond.notify_all()
-                return taken[0]
-        except asyncio.CancelledError:  # a read-ahead withdrawn by cancel(): nothing was taken
-            return None
-        finally:
-            self._requests.pop(request_id, None)
-
-    async def cancel(self, request_id: str) -> None:
-        task = self._requests.get(request_id)
-        if task is not None:
-            task.cancel()
-        else:  # the get has not started (or has finished; then this entry is never read)
-            self._cancelled.add(request_id)
-
-    async def unget(self, entry: _Entry, key: Hashable, consumer: str) -> None:
-        """Return an entry a consumer took but will not use to the head of its queue."""
-        async with self._cond:
-            if key is None:
-                self._load[consumer] -= entry.weight
-                self._pool.appendleft(entry)
-            else:
-                self._keyed[key].appendleft(entry)
-            self._size += 1
-            self._cond.notify_all()
-
-    def _full(self) -> bool:
-        return 0 < self._maxsize <= self._size
-
-    def _take(self, key: Hashable, consumer: str) -> _Entry | None:
-        if key is not None:
-            queue = self._keyed.get(key)
-            return queue.popleft() if queue else None
-        own = self._assigned[consumer]
-        if own:
-            return own.popleft()
-        dealt_to_others = False
-        while self._pool:
-            entry = self._pool.popleft()
-            target = min(self._load, key=lambda c: (self._load[c], c != consumer))
-            self._load[target] += entry.weight
-            if target == consumer:
-                break
-            self._assigned[target].append(entry)
-            dealt_to_others = True
-        else:
-            entry = None
-        if dealt_to_others:
-            self._cond.notify_all()
-        return entry
-
-    async def _wait(self, predicate, timeout: float | None) -> bool:
-        try:
-            await asyncio.wait_for(self._cond.wait_for(predicate), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-
-_QueueActor = ray.remote(num_cpus=0)(_ChannelQueue)
 
 
 class Channel:
@@ -355,7 +119,7 @@ class Channel:
         )
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         try:
-            actor = _QueueActor.options(
+            actor = QueueActor.options(
                 name=_ACTOR_PREFIX + name, scheduling_strategy=here, max_concurrency=4096
             ).remote(**config)
         except ValueError as err:
@@ -376,7 +140,7 @@ class Channel:
             prefetch: Consumer read-ahead: after each ``get`` the next request is already
                 issued, hiding the queue round trip in consumer loops. Outstanding read-aheads
                 are withdrawn (items returned to the queue) when a worker method returns, or by
-                :func:`release_prefetched` in the driver.
+                :func:`~rlinf_embodied.runtime.inflight.release_prefetched` in the driver.
 
         Raises:
             ValueError: If no channel with this name exists (in this Ray namespace).
@@ -412,9 +176,10 @@ class Channel:
         """Enqueue ``item``; blocks while the channel is full.
 
         A key bound by its consumer (:meth:`bind`) goes straight to that process (see
-        :mod:`rlinf_embodied.runtime.transport`); the put returns once the item is on its way.
+        :mod:`rlinf_embodied.runtime.transports`); the put returns once the item is on its way.
         Other items go through the queue actor; without a timeout that put is pipelined, with at
-        most ``PUT_PIPELINE`` puts of this process unacknowledged (see :func:`flush_puts`).
+        most ``PUT_PIPELINE`` puts of this process unacknowledged (see
+        :func:`~rlinf_embodied.runtime.inflight.flush_puts`).
         Items from one process keep their order per key.
 
         Args:
@@ -436,9 +201,7 @@ class Channel:
             return
         ref = self.put_async(item, key, weight, timeout)
         if timeout is None:
-            _in_flight.append((self.name, ref))
-            while len(_in_flight) > PUT_PIPELINE:
-                _await_ack(*_in_flight.popleft())
+            inflight.pipeline_put(self.name, ref)
             return
         if not ray.get(ref):
             raise self._full_error(timeout)
@@ -462,7 +225,7 @@ class Channel:
         address = self._route(key)
         if address is not None:
             return ray.put(self._put_direct(item, key, address, timeout))
-        _recent_puts.add(self.name)
+        inflight.note_put(self.name)
         seq = next(_put_seq[self._instance])
         return self._actor.put.remote(self._pack(item, weight), key, _producer_id(), seq, timeout)
 
@@ -476,13 +239,13 @@ class Channel:
         return _routes[slot]
 
     def _put_direct(self, item: Any, key: Hashable, address, timeout: float | None) -> bool:
-        _recent_puts.add(self.name)
+        inflight.note_put(self.name)
         for attempt in range(2):
-            kind = transport.choose(_node_id(), address, transport_override[0])
-            payload = self._stage(item) if kind != transport.LOCAL or self.device == "cpu" else item
+            kind = router.choose(_node_id(), address, transport_override[0])
+            payload = self._stage(item) if kind != LOCAL or self.device == "cpu" else item
             try:
-                return transport.sender.send(self.name, self._instance, address, kind, key, payload, timeout)
-            except transport.ConsumerGone as err:
+                return router.sender.send(self.name, self._instance, address, kind, key, payload, timeout)
+            except ConsumerGone as err:
                 fresh = ray.get(self._actor.route.remote(key))  # a restarted consumer re-binds
                 if attempt or fresh is None or fresh == address:
                     raise RuntimeError(
@@ -498,18 +261,18 @@ class Channel:
         item, moved = dev.staged_to_host(item)
         return _HostStaged(item) if moved and self.device != "cpu" else item
 
-    def _pack(self, item: Any, weight: float) -> _Entry:
+    def _pack(self, item: Any, weight: float) -> Entry:
         item = self._stage(item)
         if dev.payload_nbytes(item, unknown=self._inline_bytes + 1) <= self._inline_bytes:
-            return _Entry(True, item, weight)
-        return _Entry(False, [ray.put(item)], weight)
+            return Entry(True, item, weight)
+        return Entry(False, [ray.put(item)], weight)
 
     def bind(self, key: Hashable, caller_reads: bool = False) -> None:
         """Receive the items of ``key`` in this process, directly from their producers.
 
         Call it in the consumer before anyone puts to ``key`` (e.g. in a worker's
         ``__init__``); producers then skip the queue actor and the object store (the transport
-        follows placement, see :mod:`rlinf_embodied.runtime.transport`). A restarted consumer
+        follows placement, see :mod:`rlinf_embodied.runtime.transports`). A restarted consumer
         may bind the key again. Items wait in this process until :meth:`get`; with a maxsize,
         at most maxsize items of this channel wait here and producers block beyond that.
 
@@ -529,7 +292,7 @@ class Channel:
         """
         if key is None:
             raise ValueError(f"Channel {self.name!r}: bind a key; unkeyed items are dealt by the queue.")
-        ep = transport.endpoint()
+        ep = endpoint()
         ep.expect(self._instance, self.maxsize, caller_reads)
         error = ray.get(self._actor.bind.remote(key, ep.address))
         if error:
@@ -591,37 +354,37 @@ class Channel:
         """
         if (self._instance, key) not in _bound:
             return [self.get(key=key, timeout=timeout)]
-        items = transport.endpoint().take_many(self._instance, key, max_items, timeout)
+        items = endpoint().take_many(self._instance, key, max_items, timeout)
         if not items:
             raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
         return [self._restore(item) for item in items]
 
     def _take_bound(self, key: Hashable, timeout: float | None) -> Any:
-        ok, item = transport.endpoint().take(self._instance, key, timeout)
+        ok, item = endpoint().take(self._instance, key, timeout)
         if not ok:
             raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
         return self._restore(item)
 
-    def _slot(self, key, consumer) -> tuple[tuple, _ReadAhead | None]:
+    def _slot(self, key, consumer) -> tuple[tuple, inflight.ReadAhead | None]:
         """The (channel, key, consumer) slot of a get and its outstanding read-ahead, if any."""
         slot = (self.name, key, consumer or _consumer_id())
-        return slot, _read_ahead.pop(slot, None)
+        return slot, inflight.read_ahead.pop(slot, None)
 
     @staticmethod
-    def _keep_read_ahead(slot, pending: _ReadAhead) -> None:
-        _read_ahead[slot] = pending  # still outstanding: the next get waits for it
+    def _keep_read_ahead(slot, pending: inflight.ReadAhead) -> None:
+        inflight.read_ahead[slot] = pending  # still outstanding: the next get waits for it
         return None
 
-    def _accept(self, slot, entry: _Entry | None, timeout: float | None) -> None:
+    def _accept(self, slot, entry: Entry | None, timeout: float | None) -> None:
         """Raise on timeout; with prefetch, issue the next request before fetching the payload,
         so its round trip overlaps the fetch and the caller's work."""
         if entry is None:
             raise ChannelTimeout(f"No item arrived on channel {self.name!r} within {timeout} s.")
         if self.prefetch:
-            request_id = f"{os.getpid()}-{next(_request_ids)}"
+            request_id = inflight.new_request_id()
             _, key, consumer = slot
             ref = self._actor.get.remote(key, consumer, None, request_id)
-            _read_ahead[slot] = _ReadAhead(self, request_id, ref)
+            inflight.read_ahead[slot] = inflight.ReadAhead(self._actor, request_id, ref)
 
     @staticmethod
     def _restore(item: Any) -> Any:
@@ -636,7 +399,7 @@ class Channel:
     def delete(self) -> None:
         """Destroy the channel (its queue actor and queued items); handles stop working."""
         _created.pop(self.name, None)
-        transport.sender.forget(self._instance)
+        router.sender.forget(self._instance)
         ray.kill(self._actor, no_restart=True)
 
     # ---- introspection ---------------------------------------------------------------------
@@ -645,17 +408,17 @@ class Channel:
         """Items currently held by the queue (keyed, unassigned and assigned-but-not-taken),
         counting every put this process has made, plus the items of keys bound by this process
         that wait here (other processes' bound keys are theirs to count)."""
-        flush_puts()
-        here = transport.endpoint().held(self._instance) if transport.has_endpoint() else 0
+        inflight.flush_puts()
+        here = endpoint().held(self._instance) if has_endpoint() else 0
         return ray.get(self._actor.qsize.remote()) + here
 
     def hop_profile(self) -> dict:
         """Per-message times of the items this process received on its bound keys of this
         channel since the last call: ``messages`` and summed seconds ``encode_s``, ``wire_s``,
-        ``decode_s``, ``handoff_s`` (see :meth:`transport.Endpoint.hop_profile`)."""
-        if not transport.has_endpoint():
+        ``decode_s``, ``handoff_s`` (see :meth:`.transports.endpoint.Endpoint.hop_profile`)."""
+        if not has_endpoint():
             return {"messages": 0, "encode_s": 0.0, "wire_s": 0.0, "decode_s": 0.0, "handoff_s": 0.0}
-        return transport.endpoint().hop_profile(self._instance)
+        return endpoint().hop_profile(self._instance)
 
     def loads(self) -> dict[str, float]:
         """Total weight dealt to each registered unkeyed consumer."""

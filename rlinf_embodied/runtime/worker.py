@@ -3,7 +3,7 @@
 Paper section 3.2: a role is a class; a runner launches groups of them and calls their methods
 asynchronously, synchronising with ``wait()``; data flows through channels, not return values.
 Section 4: every remotely invoked method is timed per rank and the times are reachable through
-the handle, which is what the scheduler's profiler reads.
+the handle (:mod:`rlinf_embodied.runtime.calls`), which is what the scheduler's profiler reads.
 
 Example::
 
@@ -28,58 +28,24 @@ import dataclasses
 import datetime
 import os
 import socket
-import statistics
 import time
-import traceback
 from typing import Any, Callable, Sequence
 
 import ray
 from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlinf_embodied.omp import omp_wait_env
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime.channel import flush_puts, release_prefetched, take_recent_puts
+from rlinf_embodied.runtime.calls import CallHandle, Outcome
 from rlinf_embodied.runtime.cluster import Cluster
 from rlinf_embodied.runtime.device_lock import DeviceLock
+from rlinf_embodied.runtime.inflight import flush_puts, release_prefetched, take_recent_puts
 from rlinf_embodied.runtime.placement import PlacementPlan, parse_device_ids
-
-POLL_S = 0.2
-"""Seconds between liveness checks while waiting; bounds how late a dead rank is reported."""
 
 SIDE_CONCURRENCY = 8
 """Threads for calls made with ``group.on(concurrent=True)``; they run beside the ordered
 default lane (one thread), e.g. to query a worker while a long method runs."""
-
-
-class RemoteError(RuntimeError):
-    """A worker method raised; carries the group, rank, method and the remote traceback.
-
-    Attributes:
-        group: Worker group name.
-        rank: Rank that raised.
-        method: Method name (``"__init__"`` for a failed constructor).
-        remote_traceback: The formatted traceback from the worker process.
-    """
-
-    def __init__(self, group: str, rank: int, method: str, error: str, remote_traceback: str):
-        super().__init__(
-            f"{group}[rank {rank}].{method}() raised {error}\n"
-            f"--- remote traceback ({group}[rank {rank}]) ---\n{remote_traceback}"
-        )
-        self.group, self.rank, self.method = group, rank, method
-        self.remote_traceback = remote_traceback
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker's process died (killed, out of memory, crashed) during or before a call."""
-
-    def __init__(self, group: str, rank: int, method: str, detail: str):
-        super().__init__(
-            f"{group}[rank {rank}] died while running {method}(): {detail}\n"
-            f"The actor process exited (killed, out of memory or crashed); read its log under "
-            f"/tmp/ray/session_latest/logs, then recreate the group."
-        )
-        self.group, self.rank, self.method = group, rank, method
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,23 +207,6 @@ class Worker:
         )
 
 
-@dataclasses.dataclass
-class _Outcome:
-    """What a host returns for one call: the value or the error, and the call's duration."""
-
-    value: Any = None
-    seconds: float = 0.0
-    error: str | None = None
-    traceback: str | None = None
-    method: str | None = None  # set when the failure belongs to another method (__init__)
-
-    @classmethod
-    def failure(cls, exc: BaseException, seconds: float, method: str | None = None) -> "_Outcome":
-        frames = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop the host's frame
-        text = "".join(traceback.format_exception(type(exc), exc, frames))
-        return cls(None, seconds, f"{type(exc).__name__}: {exc}", text, method)
-
-
 class _WorkerHost:
     """The Ray actor behind one rank: sets up the process, then runs the role's methods."""
 
@@ -276,9 +225,9 @@ class _WorkerHost:
             instance.__init__(*args, **kwargs)
             self._instance = instance
         except Exception as exc:  # reported by the group's first call, naming __init__
-            self._init_failure = _Outcome.failure(exc, time.perf_counter() - start, "__init__")
+            self._init_failure = Outcome.failure(exc, time.perf_counter() - start, "__init__")
 
-    def call(self, method: str, /, *args, **kwargs) -> _Outcome:
+    def call(self, method: str, /, *args, **kwargs) -> Outcome:
         if self._init_failure is not None:
             return self._init_failure
         start = time.perf_counter()
@@ -286,10 +235,10 @@ class _WorkerHost:
             value = getattr(self._instance, method)(*args, **kwargs)
             flush_puts()  # a method's puts are in their channels when it returns
         except Exception as exc:
-            return _Outcome.failure(exc, time.perf_counter() - start)
+            return Outcome.failure(exc, time.perf_counter() - start)
         finally:
             release_prefetched()  # no read-ahead outlives the method that made it
-        return _Outcome(value, time.perf_counter() - start)
+        return Outcome(value, time.perf_counter() - start)
 
 
 _HostActor = ray.remote(concurrency_groups={"side": SIDE_CONCURRENCY})(_WorkerHost)
@@ -300,126 +249,6 @@ class PerRank:
 
     def __init__(self, values: Sequence[Any]) -> None:
         self.values = list(values)
-
-
-@dataclasses.dataclass(frozen=True)
-class CallTiming:
-    """Per-rank durations of one group call, in seconds (measured inside each worker)."""
-
-    per_rank: list[float]
-
-    @property
-    def max(self) -> float:
-        return max(self.per_rank)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.per_rank)
-
-
-class CallHandle:
-    """Asynchronous result of a group call; :meth:`wait` returns the per-rank results."""
-
-    def __init__(self, group: str, method: str, ranks: list[int], refs: list[ray.ObjectRef]):
-        self.group, self.method, self.ranks = group, method, ranks
-        self._refs = dict(zip(refs, ranks))
-        self._outcomes: dict[int, _Outcome] = {}
-
-    def done(self) -> bool:
-        """Whether every rank has finished (successfully or not)."""
-        pending = [r for r, rank in self._refs.items() if rank not in self._outcomes]
-        return not pending or len(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) == len(pending)
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        """Block until every rank has returned.
-
-        Args:
-            timeout: Seconds to wait; None waits forever (dead ranks are still detected).
-
-        Returns:
-            The results, one per called rank, in rank order of the call.
-
-        Raises:
-            RemoteError: A rank raised (the lowest such rank is reported).
-            WorkerDiedError: A rank's process died; reported within about ``POLL_S`` seconds.
-            TimeoutError: ``timeout`` expired first.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._step(POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())):
-            if deadline is not None and time.monotonic() >= deadline:
-                busy = sorted(set(self.ranks) - set(self._outcomes))
-                raise TimeoutError(
-                    f"{self.group}.{self.method}() did not finish within {timeout} s on ranks "
-                    f"{busy}; raise the timeout or look for a stuck worker."
-                )
-        return [self._outcomes[rank].value for rank in self.ranks]
-
-    def poll(self) -> bool:
-        """Collect the ranks that finished, without blocking.
-
-        Returns:
-            True once every rank has finished.
-
-        Raises:
-            RemoteError, WorkerDiedError: As :meth:`wait`, as soon as a rank has failed.
-        """
-        return self._step(0.0)
-
-    def _step(self, budget: float) -> bool:
-        """Wait up to ``budget`` seconds, collect finished ranks, raise any failure."""
-        pending = {ref: rank for ref, rank in self._refs.items() if rank not in self._outcomes}
-        if pending:
-            try:  # fast path: every rank answers within the budget, one round trip
-                outcomes = ray.get(list(pending), timeout=max(0.0, budget))
-            except ray.exceptions.RayError:  # still running (GetTimeoutError) or a rank died
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-                outcomes = [self._get_one(ref, pending[ref]) for ref in ready]
-                pending = {ref: pending[ref] for ref in ready}
-            self._outcomes.update(zip(pending.values(), outcomes))
-        failed = sorted(rank for rank, o in self._outcomes.items() if o.error)
-        if failed:
-            o = self._outcomes[failed[0]]
-            raise RemoteError(self.group, failed[0], o.method or self.method, o.error, o.traceback)
-        return len(self._outcomes) == len(self.ranks)
-
-    def _get_one(self, ref: ray.ObjectRef, rank: int) -> _Outcome:
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError as err:
-            raise WorkerDiedError(self.group, rank, self.method, type(err).__name__) from err
-        except ray.exceptions.RayError as err:  # e.g. an unpicklable return value
-            return _Outcome(error=f"{type(err).__name__}: {err}", traceback=str(err))
-
-    @property
-    def timing(self) -> CallTiming:
-        """Durations of the finished call (call :meth:`wait` first).
-
-        Raises:
-            RuntimeError: If some rank has not finished yet.
-        """
-        if len(self._outcomes) < len(self.ranks):
-            raise RuntimeError(f"{self.group}.{self.method}() is still running; wait() first.")
-        return CallTiming([self._outcomes[rank].seconds for rank in self.ranks])
-
-
-def wait_all(*handles: CallHandle, timeout: float | None = None) -> list[list[Any]]:
-    """Wait for several calls that depend on each other (e.g. producers and consumers of a
-    channel), raising the first failure at once instead of hanging on a survivor's ``wait()``.
-
-    Returns:
-        Each handle's per-rank results, in argument order.
-
-    Raises:
-        RemoteError, WorkerDiedError: from the first call that fails.
-        TimeoutError: if ``timeout`` seconds pass first.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not all([h.poll() for h in handles]):  # a list: poll every handle, raise any failure
-        if deadline is not None and time.monotonic() > deadline:
-            busy = [f"{h.group}.{h.method}()" for h in handles if not h.done()]
-            raise TimeoutError(f"{busy} did not finish within {timeout} s.")
-        time.sleep(POLL_S / 4)
-    return [h.wait() for h in handles]
 
 
 class _Selection:
@@ -540,7 +369,7 @@ class WorkerGroup:
             torch_threads = max(1, cluster.node_cpus(node_id) // same_node)
         ctx = WorkerContext(self.name, rank, self.world_size, devices, context_switch, torch_threads, offload)
         # set at process start: libgomp reads its wait policy when torch loads it
-        env = {**dev.omp_wait_env(), **dev.visibility_env(devices)}
+        env = {**omp_wait_env(), **dev.visibility_env(devices)}
         return _HostActor.options(
             num_cpus=0,  # devices, not Ray's CPU count, decide placement
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

@@ -13,7 +13,7 @@ import pytest
 
 from rlinf_embodied.envs import make_env
 from rlinf_embodied.envs.pool import assign_device, visible_cuda_devices
-from rlinf_embodied.runtime.device import OMP_WAIT_VARS
+from rlinf_embodied.omp import OMP_WAIT_VARS
 
 from .conftest import env_children
 

@@ -9,7 +9,9 @@ import torch
 
 from rlinf_embodied.runtime import Channel, ChannelTimeout, Worker, WorkerGroup
 from rlinf_embodied.runtime import channel as channel_mod
-from rlinf_embodied.runtime import transport
+from rlinf_embodied.runtime.transports import base, router
+from rlinf_embodied.runtime.transports import endpoint as endpoint_mod
+from rlinf_embodied.runtime.transports.same_node import SHM_MIN_BYTES
 from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest
 
 from runtime_helpers import wait_until
@@ -24,14 +26,14 @@ def _items():
         torch.arange(12).reshape(3, 4).t(),  # non-contiguous view
         {"b": torch.tensor([True, False]), "bf": torch.randn(5, 3).bfloat16(),
          "e": torch.empty(0, 4), "i8": torch.arange(-3, 3, dtype=torch.int8), "none": None},
-        torch.randn(transport.SHM_MIN_BYTES // 4 + 3),  # travels in shared memory on one node
+        torch.randn(SHM_MIN_BYTES // 4 + 3),  # travels in shared memory on one node
         np.arange(70_000, dtype=np.float64),
         ("tuple", 3, 4.5),
         # the workflow's typed messages (workers/messages.py): tensors, dicts of tensors and
         # lists, a non-contiguous view, a shared-memory-sized tensor, a 0-d tensor, None fields
         PolicyRequest({"states": torch.randn(4, 3), "task_descriptions": ["a", "b", "c", "d"],
                        "rgb": torch.randint(0, 255, (4, 2, 2, 3), dtype=torch.uint8),
-                       "big": torch.randn(transport.SHM_MIN_BYTES // 4 + 5), "t": torch.tensor(2.5)},
+                       "big": torch.randn(SHM_MIN_BYTES // 4 + 5), "t": torch.tensor(2.5)},
                       seed=11, reply="e0s1", mode="greedy"),
         PolicyReply(torch.arange(24.0).reshape(4, 6).t(), None, torch.zeros(0), {"h": torch.ones(2, 3)}, ("states",)),
         PolicyReply(torch.randn(2, 3).bfloat16()),  # no numpy dtype: raw bytes, dtype code
@@ -54,11 +56,11 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("caller_reads", [False, True], ids=["reader-thread", "caller-reads"])
-@pytest.mark.parametrize("kind", [transport.SAME_NODE, transport.REMOTE])
+@pytest.mark.parametrize("kind", [base.SAME_NODE, base.REMOTE])
 def test_framing_round_trips_every_payload_in_order(kind, caller_reads):
-    ep = transport.Endpoint("node-a", "127.0.0.1")
+    ep = endpoint_mod.Endpoint("node-a", "127.0.0.1")
     ep.expect("inst", 0, caller_reads)
-    sender = transport.Sender()
+    sender = router.Sender()
     items = _items()
     for i, item in enumerate(items):
         assert sender.send("chan", "inst", ep.address, kind, f"k{i % 2}", item, None)
@@ -75,21 +77,21 @@ def test_caller_reads_serves_every_waiting_thread_and_counts_arrivals():
     keys cannot be bound both ways in one process."""
     import threading
 
-    ep = transport.Endpoint("node-a", "127.0.0.1")
+    ep = endpoint_mod.Endpoint("node-a", "127.0.0.1")
     ep.expect("inst", 0, caller_reads=True)
-    sender = transport.Sender()
+    sender = router.Sender()
     got = {}
     waiters = [threading.Thread(target=lambda k=k: got.setdefault(k, ep.take("inst", k, 60)))
                for k in ("a", "b")]
     for w in waiters:
         w.start()
     for key, item in (("b", torch.ones(2)), ("a", "first")):
-        assert sender.send("chan", "inst", ep.address, transport.SAME_NODE, key, item, None)
+        assert sender.send("chan", "inst", ep.address, base.SAME_NODE, key, item, None)
     for w in waiters:
         w.join(60)
     assert got["a"] == (True, "first") and torch.equal(got["b"][1], torch.ones(2))
     for i in range(3):
-        sender.send("chan", "inst", ep.address, transport.SAME_NODE, "a", i, None)
+        sender.send("chan", "inst", ep.address, base.SAME_NODE, "a", i, None)
     wait_until(lambda: ep.held("inst") == 3, what="items to arrive")
     assert ep.take_many("inst", "a", 10, 60) == [0, 1, 2]
     with pytest.raises(ValueError, match="already received here with caller_reads=True"):
@@ -98,16 +100,16 @@ def test_caller_reads_serves_every_waiting_thread_and_counts_arrivals():
 
 
 def test_transport_follows_placement():
-    here = transport.Address("node-a", 12345, "tok", "u", "127.0.0.1", 1)
-    assert transport.choose("node-a", here) == transport.SAME_NODE
-    assert transport.choose("node-b", here) == transport.REMOTE
-    assert transport.choose("node-a", here, force=transport.REMOTE) == transport.REMOTE
-    ep = transport.Endpoint("node-a", "127.0.0.1")
-    transport._endpoint.append(ep)
+    here = base.Address("node-a", 12345, "tok", "u", "127.0.0.1", 1)
+    assert router.choose("node-a", here) == base.SAME_NODE
+    assert router.choose("node-b", here) == base.REMOTE
+    assert router.choose("node-a", here, force=base.REMOTE) == base.REMOTE
+    ep = endpoint_mod.Endpoint("node-a", "127.0.0.1")
+    endpoint_mod._endpoint.append(ep)
     try:
-        assert transport.choose("node-a", ep.address) == transport.LOCAL
+        assert router.choose("node-a", ep.address) == base.LOCAL
     finally:
-        transport._endpoint.remove(ep)
+        endpoint_mod._endpoint.remove(ep)
 
 
 class Peer(Worker):
@@ -116,7 +118,7 @@ class Peer(Worker):
         self.ch.bind(f"to{self.rank}")
 
     def echo(self, n, remote=False):
-        channel_mod.transport_override[0] = transport.REMOTE if remote else None
+        channel_mod.transport_override[0] = base.REMOTE if remote else None
         for _ in range(n):
             item = self.ch.get(key=f"to{self.rank}", timeout=60)
             self.ch.put(item, key="back")
@@ -126,7 +128,7 @@ class Peer(Worker):
         return [len(self.ch.get_batch(key=f"to{self.rank}", timeout=60)) for _ in range(n_first)]
 
     def held(self):
-        return transport.endpoint().held(self.ch._instance)
+        return endpoint_mod.endpoint().held(self.ch._instance)
 
     def pid(self):
         import os
@@ -149,7 +151,7 @@ def test_bound_keys_skip_the_queue_between_processes(bound, remote):
     channel, group = bound
     items = _items()
     handle = group.echo(len(items), remote)
-    channel_mod.transport_override[0] = transport.REMOTE if remote else None
+    channel_mod.transport_override[0] = base.REMOTE if remote else None
     try:
         for item in items:
             channel.put(item, key="to0")

@@ -12,7 +12,7 @@ from rlinf_embodied.runtime import (
     WorkerGroup,
     wait_all,
 )
-from rlinf_embodied.runtime.device import OMP_WAIT_VARS, omp_wait_env
+from rlinf_embodied.omp import OMP_WAIT_VARS, omp_wait_env
 
 pytestmark = pytest.mark.timeout(180)
 

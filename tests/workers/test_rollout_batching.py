@@ -57,7 +57,7 @@ def test_joined_forward_matches_one_forward_per_request():
 
 
 def test_replies_leave_out_the_observation_and_the_env_puts_it_back():
-    from rlinf_embodied.runtime.transport import decode, encode
+    from rlinf_embodied.runtime.transports.codec import decode, encode
     from rlinf_embodied.workers.messages import restore_echoes
 
     worker = _worker()
