@@ -45,7 +45,7 @@ lint: setup
 
 # the docs site (mkdocs.yml, docs/) into site/; --strict turns warnings (broken links) into errors
 docs: setup
-	$(PY) -m mkdocs build --strict -q
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
 
 clean:
 	rm -rf runs .pytest_cache site
