@@ -16,7 +16,7 @@ ENV = "tests.plugins.lab_components:FixedGoalEnv"
 
 def test_builtin_types_resolve_config_and_implementation():
     assert components.type_names("env") == ["gym", "libero", "maniskill"]
-    assert components.type_names("policy") == ["cnn", "mlp", "openvla", "openvla_oft"]
+    assert components.type_names("policy") == ["cnn", "mlp", "openvla", "openvla_oft", "pi0", "pi05"]
     from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
     from rlinf_embodied.policies.mlp import MLPPolicy
 

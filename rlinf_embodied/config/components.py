@@ -189,3 +189,7 @@ register_type("policy", "openvla", config=_P + "configuration_openvla:OpenVLAPol
 register_type("policy", "openvla_oft", config=_P + "configuration_openvla:OpenVLAOFTPolicyConfig",
               impl=_P + "openvla_oft:OpenVLAOFTPolicy",
               description="OpenVLA-OFT, parallel decoding of an action chunk")
+register_type("policy", "pi0", config=_P + "configuration_pi0:Pi0PolicyConfig", impl=_P + "pi0:Pi0Policy",
+              description="pi0, flow-matching VLA (PaliGemma + Gemma action expert)")
+register_type("policy", "pi05", config=_P + "configuration_pi0:Pi05PolicyConfig", impl=_P + "pi0:Pi05Policy",
+              description="pi0.5, flow-matching VLA with the state in the prompt")

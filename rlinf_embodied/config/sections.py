@@ -226,7 +226,7 @@ class PolicyConfig:
     """Common fields of every policy variant (select one with ``type``)."""
 
     type: str = "mlp"
-    """``mlp``, ``cnn``, ``openvla``, ``openvla_oft`` (see policies/)."""
+    """``mlp``, ``cnn``, ``openvla``, ``openvla_oft``, ``pi0``, ``pi05`` (see policies/)."""
     checkpoint: Optional[str] = None
     """Directory to load weights from; None initialises from config."""
     action_chunk: int = 1
