@@ -138,10 +138,9 @@ class PiCheckpoint:
         c = self.config
         vocab = self.shapes.get(strip + EMBED, self.shapes.get(strip + VLM_HEAD, (VOCAB_SIZE,)))[0]
         image = c.get("image_resolution", [None])[0]
-        if self.layout == "lerobot":
-            action_dim, state_dim = c.get("max_action_dim", 32), c.get("max_state_dim", 32)
-        else:
-            action_dim = state_dim = c.get("action_dim", 32)
+        # Padded widths from the weights (openpi's config has one action_dim for both).
+        action_dim = self.shapes[strip + "action_in_proj.weight"][1]
+        state_dim = self.shapes.get(strip + "state_proj.weight", (0, action_dim))[1]
         self.arch = PiArch.from_variants(c.get("vision_variant", "so400m_14"), c["paligemma_variant"],
                                          c["action_expert_variant"], pi05=pi05, vocab_size=int(vocab),
                                          image_size=image, action_dim=int(action_dim), state_dim=int(state_dim))
