@@ -35,6 +35,7 @@ __all__ = [
     "ActionOutput",
     "Evaluation",
     "Policy",
+    "SFTLoss",
     "SpaceSpec",
     "check_mode",
     "obs_tensor",
@@ -273,6 +274,19 @@ class Evaluation(_EvaluationFields):
         return super().__new__(cls, own(logprobs), own(entropy), own(values))
 
 
+class SFTLoss(NamedTuple):
+    """What :meth:`Policy.sft_loss` returns.
+
+    Attributes:
+        loss: scalar imitation objective with gradient (per action dimension).
+        values: (B,) values of the same forward pass (behaviour cloning fits the critic on demo
+            returns with them), or None without a critic.
+    """
+
+    loss: torch.Tensor
+    values: torch.Tensor | None
+
+
 class Policy(nn.Module, abc.ABC):
     """Base class of every policy (small actor-critics and VLAs alike).
 
@@ -376,6 +390,21 @@ class Policy(nn.Module, abc.ABC):
             whose registered parameters are these modules' own); [] without a critic.
         """
         return []
+
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor) -> SFTLoss:
+        """Supervised objective on demonstrated actions (behaviour cloning, rlinf_embodied/sft).
+
+        The default is the negative log-likelihood per action dimension from :meth:`evaluate`
+        (Gaussian heads, action tokens); policies without a tractable likelihood override it
+        (flow matching: policies/pi0.py).
+
+        Args:
+            forward_inputs: the encoded demonstration observations (B rows).
+            actions: (B, K, A) demonstrated env-unit actions.
+        """
+        ev = self.evaluate(forward_inputs, actions)
+        per_query = ev.logprobs.reshape(ev.logprobs.shape[0], -1).shape[1]
+        return SFTLoss(-ev.logprobs.mean() / (actions.shape[1] * actions.shape[2] / per_query), ev.values)
 
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules that FSDP2 shards as units of their own before the root (transformer

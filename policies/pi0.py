@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from rlinf_embodied.policies.base import ActionOutput, Evaluation, Policy, SpaceSpec, check_mode, obs_tensor
+from rlinf_embodied.policies.base import (
+    ActionOutput,
+    Evaluation,
+    Policy,
+    SFTLoss,
+    SpaceSpec,
+    check_mode,
+    obs_tensor,
+)
 from rlinf_embodied.policies.pi0_arch import preset_arch
 from rlinf_embodied.policies.pi0_checkpoint import PiCheckpoint, load_pi_checkpoint, save_pi_checkpoint
 from rlinf_embodied.policies.pi0_inputs import (
@@ -258,7 +266,7 @@ class FlowVLAPolicy(Policy):
             return self._values(self._prefix(self.encode_obs(obs)))
         return super().predict_values(obs)
 
-    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor) -> SFTLoss:
         """The flow-matching loss of demonstrated chunks (openpi / LeRobot training objective).
 
         Actions are normalised and padded to (B, H, D); the mean squared velocity error counts
@@ -270,7 +278,8 @@ class FlowVLAPolicy(Policy):
             actions: (B, K', A) env-unit actions following each observation, K' <= H.
 
         Returns:
-            A scalar with gradient.
+            :class:`~rlinf_embodied.policies.base.SFTLoss`: the loss (scalar, with gradient)
+            and the values of the same prefix pass (None without critic).
         """
         b, k, a = actions.shape
         if k > self.horizon:
@@ -282,7 +291,7 @@ class FlowVLAPolicy(Policy):
         t = torch.distributions.Beta(*TIME_BETA).sample((b,)).to(self.device) * 0.999 + 0.001
         pre = self._prefix(forward_inputs)
         err = self.model.flow_matching_loss(pre.cache, pre.state, target, torch.randn_like(target), t)
-        return (err * mask).sum() / mask.sum()
+        return SFTLoss((err * mask).sum() / mask.sum(), self._values(pre))
 
     def critic_parameters(self) -> list[nn.Parameter]:
         """See :meth:`Policy.critic_parameters`: the value head's."""

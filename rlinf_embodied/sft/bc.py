@@ -1,9 +1,10 @@
 """Behaviour cloning through the policy contract.
 
-The loss is the negative log-likelihood of the demonstrated actions under the policy,
-``-mean log pi(a_demo | o)`` from :meth:`Policy.evaluate` (the method PPO uses for its
-ratios), so any registered policy trains the same way: the Gaussian MLP/CNN heads fit their
-mean and log-std, token-based VLAs get the cross-entropy of the action tokens.
+The loss is the policy's own supervised objective, :meth:`Policy.sft_loss`: by default the
+negative log-likelihood of the demonstrated actions, ``-mean log pi(a_demo | o)`` from
+:meth:`Policy.evaluate` (the method PPO uses for its ratios), so the Gaussian MLP/CNN heads fit
+their mean and log-std and token-based VLAs get the cross-entropy of the action tokens; flow
+policies (π0, π0.5) use the flow-matching loss. Nothing here branches on the policy family.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
         log: progress printer (called every 10% of the steps).
 
     Returns:
-        ``{"bc/nll": mean NLL per action dim of all demos with the final log-std, "bc/mse": mean squared error of the greedy
+        ``{"bc/nll": the SFT loss of all demos at the end (NLL per action dim with the final
+        log-std; the flow-matching loss for flow policies), "bc/mse": mean squared error of the greedy
         action in env units, "bc/value_mse": critic error on the demo returns (NaN when
         not fitted), "bc/log_std": mean log-std after the floor, "bc/seconds": wall,
         "bc/transitions": M}``.
@@ -112,11 +114,10 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
     for step in range(cfg.steps):
         idx = torch.randint(0, M, (min(cfg.batch_size, M),), generator=gen)
         inputs = policy.inputs_from_obs({"states": data.states[idx]})
-        ev = policy.evaluate(inputs, data.actions[idx])
-        nll = -ev.logprobs.mean() / A
-        loss = nll
+        out = policy.sft_loss(inputs, data.actions[idx])
+        nll = loss = out.loss
         if fit_value:
-            vloss = 0.5 * ((ev.values - returns[idx]) ** 2).mean()
+            vloss = 0.5 * ((out.values - returns[idx]) ** 2).mean()
             loss = loss + vloss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -133,8 +134,7 @@ def train_bc(policy, data: DemoDataset, cfg: BCConfig, log=print) -> dict[str, f
         value_mse = float(((out.values - returns) ** 2).mean()) if fit_value else float("nan")
     log_std = fit_log_std(policy, data, cfg)
     with torch.no_grad():
-        ev = policy.evaluate(policy.inputs_from_obs({"states": data.states}), data.actions)
-        nll = -ev.logprobs.mean() / A
+        nll = policy.sft_loss(policy.inputs_from_obs({"states": data.states}), data.actions).loss
     return {
         "bc/value_mse": value_mse,
         "bc/nll": float(nll),

@@ -124,13 +124,13 @@ def test_sft_loss_trains_toward_demonstrated_chunks():
     def held_out_loss():  # the same times and noise every time
         torch.manual_seed(123)
         with torch.no_grad():
-            return float(sum(p.sft_loss(fi, target) for _ in range(4)))
+            return float(sum(p.sft_loss(fi, target).loss for _ in range(4)))
 
     before = held_out_loss()
     opt = torch.optim.Adam(p.parameters(), lr=3e-3)
     torch.manual_seed(0)
     for _ in range(40):
-        loss = p.sft_loss(fi, target)
+        loss = p.sft_loss(fi, target).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -191,9 +191,36 @@ def test_config_checks_and_registry():
     assert p.execution()["head"] == "flow_matching" and p.execution()["action_horizon"] == 6
 
 
+@pytest.mark.parametrize("name", ["libero_spatial_grpo_pi0_tiny", "libero_spatial_grpo_pi05_tiny",
+                                  "libero_spatial_grpo_pi0", "libero_spatial_grpo_pi05"])
+def test_shipped_configs_load(name):
+    cfg = load_config(f"configs/{name}.yaml")
+    assert cfg.policy.type == ("pi05" if "pi05" in name else "pi0")
+    if not name.endswith("_tiny"):  # the full-size recipes name the published layout they read
+        assert cfg.policy.pretrained and cfg.policy.tokenizer and cfg.policy.train_expert_only
+
+
 def test_train_expert_only_freezes_the_vlm():
     p = make("pi0", train_expert_only=True, critic=True)
     frozen = {n for n, q in p.named_parameters() if not q.requires_grad}
     assert frozen and all(".paligemma." in f".{n}" for n in frozen)
     assert all(q.requires_grad for n, q in p.named_parameters() if "gemma_expert" in n)
     assert p.critic_parameters() == list(p.value_head.parameters())
+
+
+@pytest.mark.parametrize("granularity", ["action", "token", "chunk"])
+def test_default_sft_loss_is_the_nll_per_action_dimension(granularity):
+    """Behaviour cloning calls Policy.sft_loss for every family; the default is the NLL of
+    evaluate() per action dim (bitwise what bc.py computed before for action log-probs)."""
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+
+    spec = SpaceSpec(action_low=[-1.0] * 3, action_high=[1.0] * 3, state_dim=5)
+    torch.manual_seed(0)
+    p = build_policy(MLPPolicyConfig(action_chunk=2, logprob_granularity=granularity), spec)
+    states, actions = torch.randn(6, 5), torch.rand(6, 2, 3) * 1.8 - 0.9
+    inputs = p.inputs_from_obs({"states": states})
+    out = p.sft_loss(inputs, actions)
+    ev = p.evaluate(inputs, actions)
+    assert torch.allclose(out.loss, -ev.logprobs.sum() / (6 * 2 * 3)) and out.values.shape == (6,)
+    if granularity == "action":
+        assert torch.equal(out.loss, -ev.logprobs.mean() / 3)
