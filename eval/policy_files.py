@@ -2,8 +2,8 @@
 
 Resolution only, no model is built here: :func:`find_checkpoint` picks the ``save_policy``
 directory of a checkpoint or training run directory (its ``latest`` or ``best`` checkpoint),
-:func:`vla_type` and :func:`choose_unnorm_key` read a published OpenVLA / OpenVLA-OFT
-directory, :func:`hash_files` fingerprints what was loaded. :mod:`rlinf_embodied.eval.sources`
+:func:`vla_type` and :func:`choose_unnorm_key` read a published OpenVLA / OpenVLA-OFT /
+π0 directory, :func:`hash_files` fingerprints what was loaded. :mod:`rlinf_embodied.eval.sources`
 builds the policy from them.
 """
 
@@ -99,7 +99,23 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
 
 
 def vla_type(path: Path) -> str:
-    """``openvla_oft`` when the published directory has OFT head files, else ``openvla``."""
+    """The policy type of a published VLA directory: ``pi0`` / ``pi05`` for π0 checkpoints in
+    LeRobot's layout (``config.json`` ``type``) or openpi's (``action_horizon`` and
+    ``paligemma_variant``; π0.5 has ``time_mlp_in`` weights), ``openvla_oft`` when the
+    directory has OFT head files, else ``openvla``."""
+    import json
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    if cfg.get("type") in ("pi0", "pi05"):
+        return cfg["type"]
+    if "action_horizon" in cfg and "paligemma_variant" in cfg:
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return "pi05" if "time_mlp_in.weight" in f.keys() else "pi0"
     oft_markers = ("action_head--", "proprio_projector--", "noisy_action_projector--")
     if any(p.name.startswith(oft_markers) for p in path.iterdir()):
         return "openvla_oft"

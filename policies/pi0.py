@@ -178,8 +178,7 @@ class FlowVLAPolicy(Policy):
         return _Prefix(cache, state)
 
     def _velocity(self, pre: _Prefix):
-        dtype = next(self.model.parameters()).dtype
-        return lambda x, t: self.model.velocity(pre.cache, pre.state, x.to(dtype), t)
+        return lambda x, t: self.model.velocity(pre.cache, pre.state, x, t)
 
     def _values(self, pre: _Prefix) -> torch.Tensor | None:
         """(N,) values from the mean of the valid prefix outputs, or None without critic."""

@@ -308,7 +308,7 @@ class PiFlowModel(nn.Module):
         Returns:
             ``(v_t (B, H, D) float32, hidden (B, H, We) float32 expert outputs at the actions)``.
         """
-        h, cond = self.embed_suffix(state, x_t, t)
+        h, cond = self.embed_suffix(state, x_t.to(self.action_in_proj.weight.dtype), t)
         b, ls = h.shape[:2]
         horizon = x_t.shape[1]
         n_prefix = cache.valid.long().sum(1, keepdim=True)

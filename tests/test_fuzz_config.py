@@ -27,6 +27,8 @@ BASES = {  # a shipped job per env / policy type (cnn: the MLP job with its type
     ("gym", "mlp"): ("gym_pointreach_ppo_mlp.yaml", []),
     ("maniskill", "openvla"): ("maniskill_ppo_openvla_tiny.yaml", []),
     ("libero", "openvla_oft"): ("libero_spatial_grpo_openvla_oft_tiny.yaml", []),
+    ("libero", "pi0"): ("libero_spatial_grpo_pi0_tiny.yaml", []),
+    ("libero", "pi05"): ("libero_spatial_grpo_pi05_tiny.yaml", []),
 }
 MALFORMED = ["'", '"abc', "[1, 2", "{a: 1", "]", "}", "{a: [1}", "%x", "@x", "`x",
              "!!python/object/apply:os.system ['true']", "'a' 'b'", "a: b: c", "[1, {2: }"]

@@ -206,7 +206,8 @@ def test_env_process_killed_mid_rollout(ray_session, tmp_path):
     assert all(h["rollout/episodes"] >= h["rollout/env_errors"] for h in hist)
 
 
-@pytest.mark.parametrize("name", ["maniskill_ppo_openvla_tiny", "libero_spatial_grpo_openvla_oft_tiny"])
+@pytest.mark.parametrize("name", ["maniskill_ppo_openvla_tiny", "libero_spatial_grpo_openvla_oft_tiny",
+                                  "libero_spatial_grpo_pi0_tiny", "libero_spatial_grpo_pi05_tiny"])
 def test_tiny_vla_configs_train(ray_session, tmp_path, name):
     """The shipped tiny VLA jobs run end to end (2 iterations) and save a loadable checkpoint."""
     from rlinf_embodied.policies import load_policy

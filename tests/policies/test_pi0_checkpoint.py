@@ -292,6 +292,14 @@ def test_tiny_published_checkpoint_loads_and_matches_reference_forward(tmp_path,
     assert torch.allclose(load(tmp_path / "other", kind).act(obs, "greedy").actions, got, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,layout", LAYOUTS)
+def test_eval_recognises_published_pi0_directories(tmp_path, kind, layout):
+    from rlinf_embodied.eval.policy_files import vla_type
+
+    write_tiny(tmp_path, kind, layout)
+    assert vla_type(tmp_path) == kind
+
+
 def test_loader_rejects_missing_unexpected_and_wrong_type(tmp_path):
     arch, raw, _ = write_tiny(tmp_path, "pi0", "openpi")
     with pytest.raises(ValueError, match="policy.type=pi0"):
