@@ -1,9 +1,10 @@
-"""Action throughput of the tiny OpenVLA and OpenVLA-OFT policies on this machine.
+"""Action throughput of the tiny OpenVLA, OpenVLA-OFT and pi0 policies on this machine.
 
 Measures ``act`` (sample mode, no gradient) at N = 1, 8, 32 envs and reports env actions per
-second (N x K per call: K = 1 for OpenVLA, 8 for OFT), the batching gain of OFT
-(``oft_batch32_vs_batch1``: actions/s at N = 32 over actions/s at N = 1) and
-``oft_vs_openvla_actions_per_s`` at N = 8. The OFT paper reports about 26x for the 7B models on
+second (N x K per call: K = 1 for OpenVLA, 8 for OFT, the whole chunk of H = 50 for pi0 with
+10 Euler denoising steps, LeRobot's defaults), the batching gain of OFT
+(``oft_batch32_vs_batch1``: actions/s at N = 32 over actions/s at N = 1),
+``oft_vs_openvla_actions_per_s`` and ``pi0_vs_oft_actions_per_s`` at N = 8. The OFT paper reports about 26x for the 7B models on
 a GPU (parallel decoding + chunking); tiny models on CPU have different compute ratios (the
 vision towers dominate), so the number is a sanity check, not a reproduction.
 
@@ -27,6 +28,8 @@ from rlinf_embodied.policies.openvla import OpenVLAPolicy
 from rlinf_embodied.policies.openvla_oft import OpenVLAOFTPolicy
 
 from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig, OpenVLAPolicyConfig
+from rlinf_embodied.policies.configuration_pi0 import Pi0PolicyConfig
+from rlinf_embodied.policies.pi0 import Pi0Policy
 
 IMAGE = 128
 SPEC = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8,
@@ -66,6 +69,7 @@ def main() -> None:
     policies = {
         "openvla": OpenVLAPolicy(OpenVLAPolicyConfig(), SPEC).eval(),
         "oft": OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(), SPEC).eval(),
+        "pi0": Pi0Policy(Pi0PolicyConfig(action_horizon=50, action_chunk=50, num_steps=10), SPEC).eval(),
     }
     result = {"device": "cpu", "threads": torch.get_num_threads(), "quick": args.quick}
     for name, policy in policies.items():
@@ -80,6 +84,10 @@ def main() -> None:
     result["oft_vs_openvla_actions_per_s"] = round(
         result["oft_actions_per_s_n8"] / result["openvla_actions_per_s_n8"], 2
     )
+    result["pi0_vs_oft_actions_per_s"] = round(
+        result["pi0_actions_per_s_n8"] / result["oft_actions_per_s_n8"], 2
+    )
+    result["load_avg_1min"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 
 
