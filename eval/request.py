@@ -285,7 +285,7 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
         return {}
     keys = RUN_ENV_KEYS.get(req.env, ()) + (RUN_TRIAL_ENV_KEYS if req.run_trials else ())
-    return {k: run_env[k] for k in keys if run_env.get(k) not in (None, {}, [])}
+    return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 
 def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:
