@@ -1,10 +1,19 @@
-"""Evaluation throughput: LIBERO episodes per hour with the random policy.
+"""Evaluation throughput: LIBERO episodes per hour with the random policy, and what the
+batch-invariant policy path costs.
 
 Runs ``rlinf_embodied.eval.run.evaluate`` on libero_spatial task 0 for state-only and rendered
 (two cameras) observations, with 1 and 2 env processes (one env per process), and reports
 episodes per hour measured from the moment the env is built to the last finished episode (env
 construction excluded: it is paid once per evaluation). The random policy never succeeds, so
 every episode runs to max steps.
+
+Batch invariance (issue 38): the same evaluation with and without ``batch_invariant`` (one
+forward per env row vs one batched forward per query), N = 8 envs in-process, for an MLP
+checkpoint (random weights) on toy/PointReach-v0 (a near-free env: the policy's share is
+largest) and on ManiSkill PushCube-v1 (state), plus the policy alone for a tiny OpenVLA-OFT
+(64 px, two cameras, proprio). Each reports env steps/s, policy forwards/s (a row is one forward
+when invariant, a batch of N when not), the seconds spent in the policy, and
+``..._invariant_vs_batched``: env steps/s with the invariant path over without (1.0 = free).
 
 Full mode uses the openvla_v1 settings (220 max steps, 256 px); ``--quick`` shortens episodes
 (40 steps) and renders 128 px. Prints one JSON line last; ``libero_rgb_eph_2proc_vs_1`` is the
@@ -54,10 +63,136 @@ def run_one(obs_mode: str, procs: int, episodes: int, max_steps: int, image_size
     return episodes / elapsed * 3600.0
 
 
+def _counted(log: dict):
+    """A ``run_pairs`` that times and counts the policy calls of one evaluation into ``log``."""
+    import rlinf_embodied.eval.run as run_mod
+
+    real = run_mod.run_pairs
+
+    def run_pairs(env, act, *args, **kwargs):
+        invariant = getattr(act, "per_episode", False)
+
+        def timed(obs, episodes=None):
+            t0 = time.perf_counter()
+            out = act(obs, episodes) if invariant else act(obs)
+            log["policy_s"] += time.perf_counter() - t0
+            # invariant: one forward per active env; batched: one forward of the whole batch
+            log["forwards"] += sum(k is not None for k in episodes) if invariant else 1
+            return out
+
+        timed.per_episode = invariant
+        return real(env, timed, *args, **kwargs)
+
+    return real, run_pairs
+
+
+def invariance_cost(env: str, num_envs: int, episodes: int, max_steps: int,
+                    workdir: Path) -> dict:
+    """Env steps/s and policy forwards/s of one evaluation with and without batch invariance.
+
+    Args:
+        env: ``gym`` (toy/PointReach-v0) or ``maniskill`` (PushCube-v1, state, physx_cpu).
+        num_envs: N, envs in-process.
+        episodes: trials.
+        max_steps: steps per episode.
+        workdir: where the checkpoint and results files go.
+    """
+    import torch
+
+    import rlinf_embodied.eval.run as run_mod
+    from rlinf_embodied.envs.registry import make_env
+    from rlinf_embodied.eval.request import EvalRequest
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    if env == "gym":
+        where = dict(env="gym", task="toy/PointReach-v0")
+        spec = SpaceSpec(action_low=[-1.0] * 2, action_high=[1.0] * 2, state_dim=4)
+    else:
+        where = dict(env="maniskill", task="PushCube-v1", obs_mode="state",
+                     env_overrides={"sim_backend": "physx_cpu"})
+        spec = SpaceSpec(action_low=[-1.0] * 8, action_high=[1.0] * 8, state_dim=42)
+    torch.manual_seed(0)
+    ckpt = save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[256, 256]), spec),
+                       workdir / f"{env}_mlp")
+    out = {}
+    for invariant in (True, False):
+        log = {"policy_s": 0.0, "forwards": 0}
+        built = {}
+
+        def factory(cfg):
+            e = make_env(cfg)
+            built["t"] = time.perf_counter()
+            return e
+
+        real, counted = _counted(log)
+        run_mod.run_pairs = counted
+        try:
+            res = run_mod.evaluate(EvalRequest(
+                policy=str(ckpt), trials_per_task=episodes, num_envs=num_envs, num_processes=0,
+                max_steps=max_steps, device="cpu", reports=False, env_factory=factory,
+                batch_invariant=invariant, output=str(workdir / f"{env}_{invariant}.json"),
+                **where))
+        finally:
+            run_mod.run_pairs = real
+        elapsed = time.perf_counter() - built["t"]
+        steps = sum(e.steps for e in res.episodes)
+        tag = "invariant" if invariant else "batched"
+        out[f"{env}_mlp_{tag}_env_steps_per_s"] = round(steps / elapsed, 1)
+        out[f"{env}_mlp_{tag}_forwards_per_s"] = round(log["forwards"] / elapsed, 1)
+        out[f"{env}_mlp_{tag}_policy_s"] = round(log["policy_s"], 3)
+    out[f"{env}_mlp_invariant_vs_batched"] = round(
+        out[f"{env}_mlp_invariant_env_steps_per_s"] / out[f"{env}_mlp_batched_env_steps_per_s"], 3)
+    return out
+
+
+def oft_policy_cost(num_envs: int, repeats: int) -> dict:
+    """Queries/s of a tiny OpenVLA-OFT (64 px, two cameras, proprio, K = 8) on N observations:
+    one batched forward vs N forwards of one row (the policy alone, no env)."""
+    import torch
+
+    from rlinf_embodied.eval.acting import policy_act
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig
+    from rlinf_embodied.policies.registry import build_policy
+
+    h = 64
+    spec = SpaceSpec(action_low=[-1.0] * 7, action_high=[1.0] * 7, state_dim=8,
+                     image_shape=(h, h, 3), wrist_image_shape=(h, h, 3))
+    torch.manual_seed(0)
+    policy = build_policy(OpenVLAOFTPolicyConfig(action_chunk=8, use_wrist_image=True,
+                                                 use_proprio=True, proprio_dim=8,
+                                                 max_prompt_tokens=192, critic=False), spec)
+    g = torch.Generator().manual_seed(0)
+    obs = {"main_images": torch.randint(0, 256, (num_envs, h, h, 3), dtype=torch.uint8, generator=g),
+           "wrist_images": torch.randint(0, 256, (num_envs, h, h, 3), dtype=torch.uint8, generator=g),
+           "states": torch.rand(num_envs, 8, generator=g),
+           "task_descriptions": ["put the black bowl on the plate"] * num_envs}
+    episodes = [("t", i, 0) for i in range(num_envs)]
+    out = {}
+    for invariant in (True, False):
+        act = policy_act(policy, "greedy", batch_invariant=invariant)
+        call = (lambda: act(obs, episodes)) if invariant else (lambda: act(obs))
+        call()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        dt = time.perf_counter() - t0
+        tag = "invariant" if invariant else "batched"
+        out[f"oft_tiny_{tag}_queries_per_s"] = round(repeats * num_envs / dt, 2)
+        out[f"oft_tiny_{tag}_forwards_per_s"] = round(repeats * (num_envs if invariant else 1) / dt, 2)
+    out["oft_tiny_invariant_vs_batched"] = round(
+        out["oft_tiny_invariant_queries_per_s"] / out["oft_tiny_batched_queries_per_s"], 3)
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short episodes, 128 px")
     ap.add_argument("--episodes", type=int, default=None, help="episodes per configuration")
+    ap.add_argument("--only-invariance", action="store_true",
+                    help="skip the LIBERO episodes-per-hour part")
     args = ap.parse_args(argv)
     max_steps, size = (40, 128) if args.quick else (220, 256)
     episodes = args.episodes or 4
@@ -65,7 +200,14 @@ def main(argv=None) -> dict:
               "max_steps": max_steps, "image_size": size, "episodes": episodes,
               "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("state", "rgb"):
+        n = 8
+        result["invariance_num_envs"] = n
+        for env, steps in (("gym", 50), ("maniskill", 25 if args.quick else 50)):
+            result.update(invariance_cost(env, n, 2 * n, steps, Path(tmp)))
+            print(f"{env}: batch-invariant / batched env steps/s "
+                  f"{result[f'{env}_mlp_invariant_vs_batched']}", file=sys.stderr)
+        result.update(oft_policy_cost(n, 2 if args.quick else 10))
+        for mode in (() if args.only_invariance else ("state", "rgb")):
             for procs in (1, 2):
                 eph = run_one(mode, procs, episodes, max_steps, size, Path(tmp))
                 result[f"libero_{mode}_eph_{procs}proc"] = round(eph, 1)

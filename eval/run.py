@@ -11,7 +11,9 @@ Flow of :func:`evaluate`:
 4. schedule: every env slot takes the next pending pair; when its episode ends the slot is reset
    to the next pair, so each pair runs exactly once whatever N is. LIBERO trial i starts from
    the task's stored initial state i; seeded envs (ManiSkill, gymnasium) reset trial i with seed
-   ``protocol.env_seed + i``;
+   ``protocol.env_seed + i``. The policy runs on each active env's row alone (batch-invariant,
+   :mod:`~rlinf_embodied.eval.acting`; ``req.batch_invariant``), so each pair's episode is also
+   the same whatever N is;
 5. after each step in which episodes finished, append them to the results file (atomic write);
 6. write the Markdown, PNG and HTML reports.
 
