@@ -125,8 +125,9 @@ def eval_command(
         8, "--num-envs",
         help="Envs run concurrently. Per-episode results (actions, returns, success) do not "
              "depend on it or on --num-processes with --batch-invariant (the default) on one "
-             "device, where each env simulates on its own (CPU physics, LIBERO, gymnasium; "
-             "ManiSkill's GPU physics steps all envs together and is not covered)."),
+             "device, where each env simulates on its own and resets fully (ManiSkill CPU "
+             "physics, LIBERO with its default hard resets, gymnasium; not ManiSkill's GPU "
+             "physics, which steps all envs together)."),
     num_processes: Optional[int] = typer.Option(
         None, "--num-processes", help="Env pool processes (default min(num_envs, CPUs); 0 = in-process)."),
     video: str = typer.Option("none", "--video", help="none, failures or all."),

@@ -61,7 +61,8 @@ class EvalRequest:
         trials_per_task: overrides the protocol's count (selects trials 0..n-1).
         num_envs: N, envs run concurrently. Per-episode results do not depend on it (nor on
             ``num_processes``) when ``batch_invariant`` is on and the env runs each env on its
-            own (CPU physics, LIBERO, gymnasium): the policy then sees each env's row alone and
+            own and resets it fully (ManiSkill CPU physics, LIBERO with ``hard_reset``, the
+            default, gymnasium): the policy then sees each env's row alone and
             sampled actions are seeded per episode and query
             (:func:`~rlinf_embodied.eval.acting.episode_seed`).
         num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
