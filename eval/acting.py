@@ -1,10 +1,14 @@
 """The ``act`` function an evaluation calls: a policy queried in eval mode, greedy or sampled.
 
-:func:`policy_act` wraps a :class:`~rlinf_embodied.policies.base.Policy`-like object: ``greedy``
-takes the distribution's mode in one batched pass; ``sample`` draws each env's actions under a
-seed of its own (:func:`episode_seed` of the protocol's ``global_seed``, the task, the trial
-and the query index), so a sampled episode is the same for any ``num_envs``. Actions come back
-as chunks (N, K, A) (:func:`as_chunk`).
+:func:`policy_act` wraps a :class:`~rlinf_embodied.policies.base.Policy`-like object. By default
+it is *batch-invariant*: the policy runs on each env's row alone (a batch of 1,
+:func:`~rlinf_embodied.policies.base.act_rows`), so an episode's actions do not depend on
+``num_envs``, on which envs share its batch or on the env placement; ``sample`` draws each row
+under a seed of its own (:func:`episode_seed` of the protocol's ``global_seed``, the task, the
+trial and the query index). With ``batch_invariant=False`` it runs one batched forward per
+query (faster for large policies; a batch rounds differently from a row, so results then depend
+on ``num_envs`` in the last bits, which contact dynamics can amplify). Actions come back as
+chunks (N, K, A) (:func:`as_chunk`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-import numpy as np
 from rlinf_embodied.eval.protocols import POLICY_MODES
 
 __all__ = ["policy_act", "episode_seed", "as_chunk"]
@@ -30,23 +33,27 @@ def as_chunk(actions: Any) -> Any:
     return actions
 
 
-def policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[Mapping[str, Any]], Any]:
+def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
+               batch_invariant: bool = True) -> Callable[..., Any]:
     """``obs -> actions`` of a Policy-like object, in eval mode and without gradient.
 
     Args:
         policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
         mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
-        seed: ``sample`` only: the protocol's ``global_seed``. Every call runs inside
+        seed: ``sample`` only: the protocol's ``global_seed``. Every sampling call runs inside
             :func:`torch.random.fork_rng` (CPU, plus the CUDA device the policy is on), so the
             draws do not depend on other users of torch's global generator.
+        batch_invariant: run the policy row by row (batch of 1), so that an env's actions are
+            the same whatever batch it is in; False runs one batched forward per query.
 
-    The ``sample`` function takes ``act(obs, episodes=None)``: with ``episodes`` (one
-    ``(task, trial, query)`` per env, None for an idle slot; what :func:`~rlinf_embodied.eval.episodes.run_pairs`
-    passes) it queries the policy once per env, each under its own seed derived from
-    ``(seed, task, trial, query)`` (:func:`episode_seed`), so an episode's actions do not depend
-    on ``num_envs`` or on which envs share its batch; this costs N batch-1 forward passes per
-    query (greedy evaluation keeps one batched pass). Without ``episodes`` it draws the batch
-    from one stream seeded once by ``seed``, advancing over calls.
+    Batch-invariant, the function takes ``act(obs, episodes=None)``: with ``episodes`` (one
+    ``(task, trial, query)`` per env, None for an idle slot; what
+    :func:`~rlinf_embodied.eval.episodes.run_pairs` passes) it queries the policy once per
+    active env (idle slots get zero actions, which the loop ignores), a sampled row under its
+    own seed from ``(seed, task, trial, query)`` (:func:`episode_seed`). Without ``episodes``
+    every row runs, and sampled rows draw one after another from one stream seeded once by
+    ``seed``, advancing over calls. With ``batch_invariant=False`` the function takes
+    ``act(obs)``: one forward of the whole batch, sampled from that stream.
 
     Raises:
         ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
@@ -57,54 +64,63 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0) -> Callable[[Ma
         raise ValueError(f"policy_mode must be one of {', '.join(POLICY_MODES)} (got {mode!r}).")
     if hasattr(policy, "eval"):
         policy.eval()
-    if mode == "greedy":
-        def act(obs: Mapping[str, Any]) -> Any:
-            with torch.no_grad():
-                out = policy.act(obs, mode="greedy")
-            return as_chunk(getattr(out, "actions", out))
-
-        return act
-
     device = torch.device(getattr(policy, "device", "cpu"))
     cuda = [device.index or 0] if device.type == "cuda" else []
     state: Dict[str, Any] = {}
 
-    def draw(obs: Mapping[str, Any]) -> Any:
-        out = policy.act(obs, mode="sample")
-        return as_chunk(getattr(out, "actions", out))
-
-    def sample(obs: Mapping[str, Any], episodes: Optional[List[Optional[tuple]]] = None) -> Any:
-        with torch.random.fork_rng(devices=cuda, device_type="cuda"), torch.no_grad():
-            if episodes is not None:
-                rows, idle = [], []
-                for i, key in enumerate(episodes):
-                    if key is None:
-                        idle.append(i)
-                        rows.append(None)
-                        continue
-                    torch.manual_seed(episode_seed(seed, *key))  # seeds CUDA too
-                    rows.append(draw({k: _row(v, i) for k, v in obs.items()}))
-                like = next((r for r in rows if r is not None), None)
-                if like is None:
-                    return draw(obs)  # every slot idle: the actions are ignored
-                zero = like * 0  # idle slots: actions the loop ignores
-                rows = [zero if r is None else r for r in rows]
-                cat = np.concatenate if isinstance(like, np.ndarray) else torch.cat
-                return cat(rows, 0)
+    def stream(run: Callable[[], Any]) -> Any:
+        """``run()`` on the evaluation's own sampling stream (seeded once, then continued)."""
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
             if not state:
                 torch.manual_seed(seed)
             else:
                 torch.set_rng_state(state["cpu"])
                 if cuda:
                     torch.cuda.set_rng_state(state["cuda"], cuda[0])
-            out = draw(obs)
+            out = run()
             state["cpu"] = torch.get_rng_state()
             if cuda:
                 state["cuda"] = torch.cuda.get_rng_state(cuda[0])
         return out
 
-    sample.per_episode = True  # run_pairs passes each env's (task, trial, query)
-    return sample
+    if not batch_invariant:
+        def batched(obs: Mapping[str, Any]) -> Any:
+            with torch.no_grad():
+                if mode == "greedy":
+                    out = policy.act(obs, mode="greedy")
+                else:
+                    out = stream(lambda: policy.act(obs, mode="sample"))
+            return as_chunk(getattr(out, "actions", out))
+
+        return batched
+
+    from rlinf_embodied.policies.base import act_rows, obs_rows
+
+    def rows(obs: Mapping[str, Any], episodes: Optional[List[Optional[tuple]]] = None) -> Any:
+        with torch.no_grad():
+            if episodes is None:
+                if mode == "greedy":
+                    out = act_rows(policy, obs, "greedy")
+                else:
+                    out = stream(lambda: act_rows(policy, obs, "sample"))
+                return as_chunk(getattr(out, "actions", out))
+            active = [i for i, key in enumerate(episodes) if key is not None]
+            if not active:  # every slot idle: the loop ignores the actions
+                active = [0]
+            part = obs_rows(obs, active)
+            if mode == "greedy":
+                out = act_rows(policy, part, "greedy")
+            else:
+                seeds = [episode_seed(seed, *episodes[i]) for i in active]
+                with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+                    out = act_rows(policy, part, "sample", seeds)
+            actions = as_chunk(getattr(out, "actions", out))
+            if len(active) == len(episodes):
+                return actions
+            return _scatter(actions, active, len(episodes))
+
+    rows.per_episode = True  # run_pairs passes each env's (task, trial, query)
+    return rows
 
 
 def episode_seed(seed: int, task: Any, trial: int, query: int) -> int:
@@ -115,8 +131,13 @@ def episode_seed(seed: int, task: Any, trial: int, query: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
-def _row(value: Any, i: int) -> Any:
-    """Row ``i`` of one observation entry, keeping its batch dimension (tensor, array, list)."""
-    if hasattr(value, "shape") or isinstance(value, (list, tuple)):
-        return value[i:i + 1]
-    return value
+def _scatter(actions: Any, rows: List[int], n: int) -> Any:
+    """(len(rows), K, A) actions placed at ``rows`` of an (n, K, A) batch of zeros."""
+    import numpy as np
+
+    if isinstance(actions, np.ndarray):
+        out = np.zeros((n, *actions.shape[1:]), actions.dtype)
+    else:
+        out = actions.new_zeros((n, *actions.shape[1:]))
+    out[rows] = actions
+    return out

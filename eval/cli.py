@@ -109,6 +109,12 @@ def eval_command(
         help="Which checkpoint of a run directory: latest (the newest complete one) or best "
              "(checkpoints/best: the policy of the run's best in-training evaluation, on seeds "
              "from eval.seed_offset, not the protocol's)."),
+    run_trials: bool = typer.Option(
+        False, "--run-trials",
+        help="With a training run's --policy: evaluate the trials of the run's in-training "
+             "evaluation (seeds from its eval.seed_offset, the episode count of its "
+             "eval/latest.json, fixed-length episodes) so that the results pair trial by trial "
+             "with its eval/iter_*.json (ManiSkill and gym runs; recorded as protocol overrides)."),
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="Protocol name (default: openvla_v1 / maniskill_fair_v1 / "
                                  "seeded_v1); see `eval protocols`."),
@@ -116,7 +122,12 @@ def eval_command(
     trials_per_task: Optional[int] = typer.Option(
         None, "--trials-per-task", help="Trials 0..n-1 of each task (default: the protocol's)."),
     num_envs: int = typer.Option(
-        8, "--num-envs", help="Envs run concurrently (results do not depend on it)."),
+        8, "--num-envs",
+        help="Envs run concurrently. Per-episode results (actions, returns, success) do not "
+             "depend on it or on --num-processes with --batch-invariant (the default) on one "
+             "device, where each env simulates on its own and resets fully (ManiSkill CPU "
+             "physics, LIBERO with its default hard resets, gymnasium; not ManiSkill's GPU "
+             "physics, which steps all envs together)."),
     num_processes: Optional[int] = typer.Option(
         None, "--num-processes", help="Env pool processes (default min(num_envs, CPUs); 0 = in-process)."),
     video: str = typer.Option("none", "--video", help="none, failures or all."),
@@ -134,6 +145,12 @@ def eval_command(
     policy_type: Optional[str] = typer.Option(
         None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
+    batch_invariant: bool = typer.Option(
+        True, "--batch-invariant/--no-batch-invariant",
+        help="Run the policy on each env's observation alone (a batch of 1), so its float "
+             "rounding, hence every episode, is the same for any --num-envs; "
+             "--no-batch-invariant runs one batched forward per query (faster for large "
+             "policies; episodes may then differ with --num-envs). Recorded in the results."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write .md/.png/.html beside the results."),
     env_override: List[str] = typer.Option(
         [], "--env-override",
@@ -174,6 +191,7 @@ def eval_command(
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
             policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
+            batch_invariant=batch_invariant, run_trials=run_trials,
             env_overrides=overrides,
         )
         results = evaluate(req)

@@ -188,6 +188,13 @@ class _SeededFamily(EnvFamily):
     def header(self) -> Dict[str, Any]:
         return {"env_id": self.req.task}
 
+    def config_seed(self) -> Optional[int]:
+        """``seed`` of the EnvConfig: the protocol's ``env_seed``, or None past the range env
+        configs accept for training seeds (< 10**9: a run's in-training evaluation trials,
+        ``--run-trials``). Every reset of an evaluation passes its seed, so this only
+        records the seed where it can."""
+        return self.protocol.env_seed if self.protocol.env_seed < 10**9 else None
+
 
 class _ManiSkillFamily(_SeededFamily):
     name = "maniskill"
@@ -206,7 +213,7 @@ class _ManiSkillFamily(_SeededFamily):
                    first: Sequence[Pair]) -> Any:
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
-                      max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
+                      max_episode_steps=self.max_steps(), seed=self.config_seed())
         if obs_mode == "state" and self.req.video != "none":
             values["render_images"] = True  # frames of the human camera for the MP4s
         if self.protocol.image_size is not None:
@@ -229,7 +236,7 @@ class _GymFamily(_SeededFamily):
         values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
                       vectorization="async" if num_processes > 0 else "sync",
                       ignore_terminations=self.protocol.ignore_terminations,
-                      max_episode_steps=self.max_steps(), seed=self.protocol.env_seed)
+                      max_episode_steps=self.max_steps(), seed=self.config_seed())
         values.update(self.req.env_overrides)
         return self.config_class()(**values)
 

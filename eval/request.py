@@ -25,8 +25,11 @@ __all__ = [
     "Pair",
     "DEFAULT_PROTOCOLS",
     "VIDEO_MODES",
+    "run_config",
     "run_env_config",
     "run_max_episode_steps",
+    "run_trials_overrides",
+    "RUN_TRIAL_ENV_KEYS",
     "RUN_ENV_KEYS",
     "run_env_overrides",
     "overridden_run_settings",
@@ -56,8 +59,12 @@ class EvalRequest:
         protocol: protocol name; None takes :data:`DEFAULT_PROTOCOLS` of the family.
         tasks: LIBERO task ids of the suite; None evaluates every task.
         trials_per_task: overrides the protocol's count (selects trials 0..n-1).
-        num_envs: N, envs run concurrently (results do not depend on it: sampled actions are
-            seeded per episode and query, see :func:`~rlinf_embodied.eval.acting.episode_seed`).
+        num_envs: N, envs run concurrently. Per-episode results do not depend on it (nor on
+            ``num_processes``) when ``batch_invariant`` is on and the env runs each env on its
+            own and resets it fully (ManiSkill CPU physics, LIBERO with ``hard_reset``, the
+            default, gymnasium): the policy then sees each env's row alone and
+            sampled actions are seeded per episode and query
+            (:func:`~rlinf_embodied.eval.acting.episode_seed`).
         num_processes: env pool processes; None uses min(N, CPU count), 0 runs in-process.
         video: ``none``, ``failures`` or ``all`` (MP4s under ``<output stem>_videos/``).
         output: results JSON path.
@@ -74,11 +81,19 @@ class EvalRequest:
             evaluation so far).
         policy_type: the policy type the checkpoint must hold (``mlp``, ``openvla_oft`` ...).
         device: torch device of the policy; None = ``cuda`` when available, else ``cpu``.
+        batch_invariant: run the policy row by row (a batch of 1 per env, the default), so
+            that its float rounding, hence each episode, is the same for every ``num_envs``;
+            False runs one batched forward per query (faster for large policies, results then
+            depend on ``num_envs`` in the last bits). Recorded in the header.
         reports: write the ``.md`` / ``.png`` / ``.html`` reports at the end.
         env_overrides: extra EnvConfig fields (e.g. ``{"hard_reset": False}``), recorded.
         env_factory: builds the BatchedEnv from the EnvConfig; None uses the env registry's
             ``make_env`` (tests and custom simulators inject their own here).
         progress: called as ``progress(done, total, episode)`` after each finished episode.
+        run_trials: evaluate the trials of the in-training evaluation of the training run
+            ``policy`` belongs to (:func:`run_trials_overrides`), so that the results pair
+            trial by trial with its ``eval/iter_*.json`` records (ManiSkill and gymnasium
+            runs).
     """
 
     env: Optional[str]
@@ -100,10 +115,12 @@ class EvalRequest:
     checkpoint: str = "latest"
     policy_type: Optional[str] = None
     device: Optional[str] = None
+    batch_invariant: bool = True
     reports: bool = True
     env_overrides: Dict[str, Any] = field(default_factory=dict)
     env_factory: Optional[Callable[[Any], Any]] = None
     progress: Optional[Callable[[int, int, Episode], None]] = None
+    run_trials: bool = False
 
 
 Pair = Tuple[Any, int]
@@ -150,9 +167,9 @@ def _check_writable(output: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # Settings taken from the policy's training run
 # --------------------------------------------------------------------------------------------
-def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
-    """The ``env`` section of the ``config.yaml`` of the training run a ``--policy`` directory
-    belongs to, and that file's path.
+def run_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """The ``config.yaml`` of the training run a ``--policy`` directory belongs to (as a dict),
+    and that file's path.
 
     Looks in the directory and up to three levels above it (a run, ``checkpoints/iter_*`` or
     ``checkpoints/iter_*/policy``); ``({}, None)`` when there is none (or it does not parse).
@@ -169,9 +186,78 @@ def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
                 data = yaml.safe_load(cfg.read_text()) or {}
             except (OSError, yaml.YAMLError):
                 return {}, None
-            env = data.get("env") if isinstance(data, dict) else None
-            return (dict(env) if isinstance(env, dict) else {}), cfg
+            return (data if isinstance(data, dict) else {}), cfg
     return {}, None
+
+
+def run_env_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """The ``env`` section of :func:`run_config` and the config file's path (``({}, None)``
+    without one)."""
+    data, cfg = run_config(source)
+    env = data.get("env")
+    return (dict(env) if isinstance(env, dict) else {}), cfg
+
+
+RUN_TRIAL_ENV_KEYS = ("reward_mode", "success_hold_steps", "task_description")
+"""Env settings of a run that its in-training evaluation used and that ``--run-trials`` takes
+too (beside :data:`RUN_ENV_KEYS` and ``max_episode_steps``): they change returns, success or a
+VLA's prompt, not the policy's spaces."""
+
+
+def run_trials_overrides(req: EvalRequest) -> Dict[str, Any]:
+    """Protocol overrides that make an evaluation run the trials of the in-training
+    evaluation of the run ``req.policy`` belongs to (``--run-trials``).
+
+    The run's evaluation (:meth:`~rlinf_embodied.workers.env_worker.EnvWorker.evaluate`)
+    resets trial j with seed ``eval.seed_offset + run.seed * 1000 + j``
+    (:meth:`~rlinf_embodied.config.EvalConfig.trial_seed`), runs fixed-length episodes
+    (terminations ignored), greedy unless ``eval.greedy`` is false, sampled rows seeded from
+    ``run.seed``; the trial count is the ``episodes`` of its ``eval/latest.json`` (else
+    ``eval.num_episodes``). So: ``env_seed``, ``global_seed``, ``ignore_terminations``,
+    and, unless the request sets them, ``policy_mode`` and ``trials_per_task``.
+
+    Raises:
+        EvalError: ``req.policy`` is no training run (or a checkpoint inside one), or the run
+            is a LIBERO one, whose in-training evaluation picks stored initial states by seed
+            while its protocols take state i for trial i.
+    """
+    data, path = run_config(req.policy)
+    if path is None:
+        raise EvalError(f"--run-trials needs --policy to be a training run directory (or a "
+                        f"checkpoint inside one) with its config.yaml; {req.policy} is none.")
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    kind = env.get("type", req.env)
+    if kind not in ("maniskill", "gym"):
+        raise EvalError(
+            f"--run-trials reproduces the in-training evaluation of ManiSkill and gymnasium "
+            f"runs; {path.parent} is a {kind} run (a LIBERO run's in-training evaluation picks "
+            "stored initial states by seed, the LIBERO protocols take state i for trial i). "
+            "Drop --run-trials to evaluate under the protocol.")
+    from dataclasses import fields
+
+    from rlinf_embodied.config import EvalConfig
+
+    section = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    ev = EvalConfig(**{f.name: section[f.name] for f in fields(EvalConfig) if f.name in section})
+    run_seed = int((data.get("run") or {}).get("seed", 0))
+    out: Dict[str, Any] = {"env_seed": ev.trial_seed(run_seed), "global_seed": run_seed,
+                           "ignore_terminations": True}
+    if req.policy_mode is None:
+        out["policy_mode"] = "greedy" if ev.greedy else "sample"
+    if req.trials_per_task is None:
+        out["trials_per_task"] = _recorded_episodes(path.parent) or ev.num_episodes
+    return out
+
+
+def _recorded_episodes(run_dir: Path) -> Optional[int]:
+    """``episodes`` of the run's newest in-training evaluation record, or None."""
+    import json
+
+    try:
+        n = json.loads((run_dir / "eval" / "latest.json").read_text()).get("episodes")
+    except (OSError, ValueError):
+        return None
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def run_max_episode_steps(run_env: Dict[str, Any]) -> Optional[int]:
@@ -192,14 +278,15 @@ only when ``--task`` is the run's ``env.env_id``."""
 
 
 def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
-    """The :data:`RUN_ENV_KEYS` settings the policy's run set (empty ones left out), when they
-    belong to the evaluated env: the same family, and for gym the same env id."""
+    """The :data:`RUN_ENV_KEYS` settings the policy's run set (empty ones left out; with
+    ``run_trials`` the :data:`RUN_TRIAL_ENV_KEYS` too), when they belong to the evaluated env:
+    the same family, and for gym the same env id."""
     if run_env.get("type", req.env) != req.env:
         return {}
     if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
         return {}
-    return {k: run_env[k] for k in RUN_ENV_KEYS.get(req.env, ())
-            if run_env.get(k) not in (None, {}, [])}
+    keys = RUN_ENV_KEYS.get(req.env, ()) + (RUN_TRIAL_ENV_KEYS if req.run_trials else ())
+    return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 
 def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:

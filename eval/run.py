@@ -11,7 +11,9 @@ Flow of :func:`evaluate`:
 4. schedule: every env slot takes the next pending pair; when its episode ends the slot is reset
    to the next pair, so each pair runs exactly once whatever N is. LIBERO trial i starts from
    the task's stored initial state i; seeded envs (ManiSkill, gymnasium) reset trial i with seed
-   ``protocol.env_seed + i``;
+   ``protocol.env_seed + i``. The policy runs on each active env's row alone (batch-invariant,
+   :mod:`~rlinf_embodied.eval.acting`; ``req.batch_invariant``), so each pair's episode is also
+   the same whatever N is;
 5. after each step in which episodes finished, append them to the results file (atomic write);
 6. write the Markdown, PNG and HTML reports.
 
@@ -56,6 +58,7 @@ from rlinf_embodied.eval.request import (
     run_env_config,
     run_env_overrides,
     run_max_episode_steps,
+    run_trials_overrides,
 )
 from rlinf_embodied.eval.results import Episode, ResultsFile
 
@@ -138,6 +141,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
               file=sys.stderr)
         req = dataclasses.replace(req, task=str(run_env["env_id"]))
     protocol = resolve_protocol(req)
+    if req.run_trials:  # the trials of the run's in-training evaluation
+        protocol = protocol.with_overrides(**run_trials_overrides(req))
     adopted = run_env_overrides(req, protocol, run_env)
     if adopted:
         print("eval: the policy's env settings from its run "
@@ -150,8 +155,10 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     pairs = all_pairs(family.tasks(), protocol.trials_per_task)
     output = Path(req.output)
     done: set = set()
+    before: Dict[str, Any] = {}  # the header of the file resumed
     if output.exists():
-        done = ResultsFile.load(output).done_pairs()  # header checked below, before running
+        old = ResultsFile.load(output)  # header checked below, before running
+        done, before = old.done_pairs(), old.header
     pending = [p for p in pairs if p not in done]
     num_envs = max(1, min(req.num_envs, len(pending) or 1))
     num_processes = (min(num_envs, os.cpu_count() or 1) if req.num_processes is None
@@ -192,6 +199,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
             discrete=bool(env.action_spec.discrete), num_envs=env.num_envs, env=req.env,
             suite=req.suite, env_id=req.task, protocol=protocol, device=device,
             obs_shapes=dict(getattr(getattr(env, "spec", None), "obs_shapes", {}) or {}),
+            batch_invariant=req.batch_invariant,
         )
         policy = resolve_policy(req.policy, ctx, expected_type=req.policy_type,
                                 checkpoint=req.checkpoint)
@@ -213,6 +221,11 @@ def evaluate(req: EvalRequest) -> ResultsFile:
             "obs_mode": obs_mode,
             "device": _device_name(device),
             "policy": policy.header(),
+            # Whether each env's actions came from its row alone (per-episode results then do
+            # not depend on num_envs / num_processes); a resumed file keeps False once a part
+            # of it ran without.
+            "batch_invariant": bool(policy.batch_invariant
+                                    and before.get("batch_invariant", not before)),
             # What one query executes (also in every episode): head, K, open-loop steps.
             "execution": policy.execution,
             "num_envs": env.num_envs,

@@ -16,9 +16,12 @@ SOURCE is one of:
 
 A Policy-like source acts in the protocol's ``policy_mode``: ``greedy`` (the distribution's
 mode) or ``sample`` (draws from the distribution, each env's query under its own seed from the
-protocol's ``global_seed``, the task, the trial and the query index, so like greedy results a
-sampled episode is the same for any ``num_envs``; the policy then runs once per env). ``random``
-ignores the mode.
+protocol's ``global_seed``, the task, the trial and the query index). It runs batch-invariant
+unless the evaluation turns that off (:attr:`PolicyContext.batch_invariant`): once per env, on
+that env's row alone, so an episode is the same for any ``num_envs``
+(:func:`~rlinf_embodied.eval.acting.policy_act`). ``random`` ignores the mode and, batch-invariant,
+draws each env's actions from a generator seeded per episode and query. A plain
+``obs -> actions`` function sees the whole batch: the evaluation cannot make it invariant.
 
 Every source is stamped with a sha256: of the checkpoint files (relative names and contents),
 of the factory's module source, or of the word ``random``.
@@ -68,6 +71,8 @@ class PolicyContext:
         protocol: the :class:`~rlinf_embodied.eval.protocols.Protocol` in use.
         device: torch device string for the policy (``cuda`` when available, else ``cpu``).
         obs_shapes: per-env observation shapes, e.g. ``{"states": (S,)}``.
+        batch_invariant: run a Policy-like source row by row (``--batch-invariant``, the
+            default), so per-episode results do not depend on ``num_envs``.
     """
 
     action_low: np.ndarray
@@ -80,6 +85,7 @@ class PolicyContext:
     protocol: Any
     device: str = "cpu"
     obs_shapes: Mapping[str, tuple] = field(default_factory=dict)
+    batch_invariant: bool = True
 
 
 @dataclass
@@ -102,6 +108,9 @@ class LoadedPolicy:
         checkpoint: ``latest`` or ``best`` when the source is a training run directory (which
             of its checkpoints ``--checkpoint`` chose), else None.
         iteration: training iteration of that checkpoint (its ``runner_state.json``), if known.
+        batch_invariant: whether ``act`` computes each env's actions from that env's row
+            alone (row by row, per-episode seeds), so that they do not depend on the batch;
+            False for a batched forward and for a plain ``obs -> actions`` function.
     """
 
     act: Callable[[Mapping[str, Any]], Any]
@@ -113,6 +122,7 @@ class LoadedPolicy:
     execution: Dict[str, Any] = field(default_factory=dict)
     checkpoint: Optional[str] = None
     iteration: Optional[int] = None
+    batch_invariant: bool = False
 
     def header(self) -> Dict[str, Any]:
         """The results-header entry of the policy (``execution`` goes in the header beside it)."""
@@ -122,23 +132,45 @@ class LoadedPolicy:
         return h
 
 
-def _random_policy(ctx: PolicyContext) -> Callable[[Mapping[str, Any]], np.ndarray]:
-    rng = np.random.default_rng(ctx.protocol.global_seed)
+def _random_policy(ctx: PolicyContext) -> Callable[..., np.ndarray]:
+    """Uniform actions (N, 1, A) over the env's bounds (infinite bounds read as +-1).
+
+    Batch-invariant (``ctx.batch_invariant``), each env's actions come from a generator seeded
+    by :func:`~rlinf_embodied.eval.acting.episode_seed` of its (task, trial, query); otherwise
+    the batch is drawn from one generator seeded by the protocol's ``global_seed``.
+    """
+    from rlinf_embodied.eval.acting import episode_seed
+
+    seed = int(ctx.protocol.global_seed)
+    stream = np.random.default_rng(seed)
     low = np.where(np.isfinite(ctx.action_low), ctx.action_low, -1.0).astype(np.float32)
     high = np.where(np.isfinite(ctx.action_high), ctx.action_high, 1.0).astype(np.float32)
 
-    def act(obs: Mapping[str, Any]) -> np.ndarray:
+    def draw(rng: np.random.Generator, n: int) -> np.ndarray:
         if ctx.discrete:
-            return rng.integers(int(low[0]), int(high[0]) + 1, size=(ctx.num_envs, 1, 1))
-        return rng.uniform(low, high, size=(ctx.num_envs, 1, low.shape[0])).astype(np.float32)
+            return rng.integers(int(low[0]), int(high[0]) + 1, size=(n, 1, 1))
+        return rng.uniform(low, high, size=(n, 1, low.shape[0])).astype(np.float32)
 
+    def act(obs: Mapping[str, Any], episodes: Optional[list] = None) -> np.ndarray:
+        if episodes is None:
+            return draw(stream, ctx.num_envs)
+        rows = [draw(np.random.default_rng(episode_seed(seed, *key)), 1) if key is not None
+                else None for key in episodes]
+        like = next((r for r in rows if r is not None), None)
+        if like is None:  # every slot idle: the loop ignores the actions
+            return draw(stream, len(episodes))
+        return np.concatenate([like * 0 if r is None else r for r in rows], 0)
+
+    act.per_episode = ctx.batch_invariant
     return act
 
 
 def _mode_of(ctx: PolicyContext) -> tuple:
-    """``(policy_mode, seed)`` of the evaluation's protocol (``greedy`` when it has none)."""
+    """``(policy_mode, seed, batch_invariant)``: :func:`policy_act`'s arguments from the
+    evaluation's protocol (``greedy`` when it has none) and context."""
     p = ctx.protocol
-    return getattr(p, "policy_mode", "greedy"), int(getattr(p, "global_seed", 0))
+    return (getattr(p, "policy_mode", "greedy"), int(getattr(p, "global_seed", 0)),
+            bool(ctx.batch_invariant))
 
 
 def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
@@ -170,9 +202,9 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
         for p in inspect.signature(fn).parameters.values()
     )
     made = fn(ctx) if takes_ctx else fn()
-    mode, seed = _mode_of(ctx)
+    mode, seed, invariant = _mode_of(ctx)
     if hasattr(made, "act"):
-        act = policy_act(made, mode, seed)
+        act = policy_act(made, mode, seed, invariant)
     elif mode != "greedy":
         raise PolicySourceError(
             f"Protocol policy_mode {mode} draws actions from the policy's distribution, but "
@@ -186,7 +218,8 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
             f"{source} returned {type(made).__name__}; a policy factory must return an object "
             "with act(obs, mode) or a function obs -> actions."
         )
-    return LoadedPolicy(act, source, "callable", sha)
+    return LoadedPolicy(act, source, "callable", sha,
+                        batch_invariant=hasattr(made, "act") and invariant)
 
 
 def _spec_of(ctx: PolicyContext) -> Any:
@@ -248,7 +281,8 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
             iteration = json.loads(state.read_text()).get("iteration")
     return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
                         needs_images=have.image_shape is not None, execution=_execution(policy),
-                        checkpoint=which_run, iteration=iteration)
+                        checkpoint=which_run, iteration=iteration,
+                        batch_invariant=ctx.batch_invariant)
 
 
 def _head_file(path: Path, prefix: str) -> Optional[Path]:
@@ -336,7 +370,7 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
     execution = dict(policy.execution())
     execution.update({k: getattr(cfg, k) for k in ("use_wrist_image", "use_proprio") if k in fields})
     return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, kind, hash_files(path), str(path),
-                        execution=execution)
+                        execution=execution, batch_invariant=ctx.batch_invariant)
 
 
 def resolve_policy(source: str, ctx: PolicyContext,
@@ -369,7 +403,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
         sha = hashlib.sha256(b"random").hexdigest()
         return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
-                            execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1})
+                            execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1},
+                            batch_invariant=ctx.batch_invariant)
     if path.exists():
         if not path.is_dir():
             raise PolicySourceError(

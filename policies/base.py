@@ -37,7 +37,10 @@ __all__ = [
     "Policy",
     "SFTLoss",
     "SpaceSpec",
+    "act_rows",
+    "cat_rows",
     "check_mode",
+    "obs_rows",
     "obs_tensor",
 ]
 
@@ -469,3 +472,102 @@ def obs_tensor(
             "from the policy's SpaceSpec; rebuild the policy for this env."
         )
     return x.to(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Batch-invariant acting: every env's row on its own
+# --------------------------------------------------------------------------------------------
+def obs_rows(obs: Mapping[str, Any], rows: Sequence[int]) -> dict[str, Any]:
+    """The observation batch of envs ``rows`` only (each entry keeps its batch dimension).
+
+    Tensors and arrays are indexed along dim 0 and copied, lists and tuples (``task_descriptions``) are
+    picked element by element; any other value (a scalar setting) is passed unchanged.
+    """
+    rows = [int(i) for i in rows]
+    out: dict[str, Any] = {}
+    for k, v in obs.items():
+        if hasattr(v, "shape") and getattr(v, "ndim", 0) >= 1:  # tensor or array
+            # A copy, not a view: a row then starts at an allocation boundary like any batch,
+            # so no kernel sees another alignment than it would for a batch of its own.
+            part = v[rows[0]:rows[0] + 1] if len(rows) == 1 else v[rows]
+            out[k] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
+        elif isinstance(v, (list, tuple)):
+            out[k] = type(v)(v[i] for i in rows)
+        else:
+            out[k] = v
+    return out
+
+
+def cat_rows(parts: Sequence[Any]) -> Any:
+    """Row-wise outputs of :meth:`Policy.act` joined back into one batch (env axis 0).
+
+    Each part is an :class:`ActionOutput` (actions, log-probs, values and every
+    ``forward_inputs`` tensor are concatenated; values stay None when they are None), a tensor,
+    or a numpy array (actions of a plain Policy-like object).
+    """
+    first = parts[0]
+    if isinstance(first, ActionOutput):
+        return ActionOutput(
+            cat_rows([p.actions for p in parts]),
+            cat_rows([p.logprobs for p in parts]),
+            None if first.values is None else cat_rows([p.values for p in parts]),
+            {k: cat_rows([p.forward_inputs[k] for p in parts]) for k in first.forward_inputs},
+        )
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(parts), 0)
+    import numpy as np
+
+    return np.concatenate([np.asarray(p) for p in parts], 0)
+
+
+def act_rows(policy: Any, obs: Mapping[str, Any], mode: str = GREEDY,
+             seeds: Sequence[int] | None = None) -> Any:
+    """Batch-invariant :meth:`Policy.act`: the policy runs on each env's row alone (a batch
+    of 1) and the rows are concatenated (:func:`cat_rows`).
+
+    A batched forward is deterministic for one batch size but not across batch sizes: CPU GEMM
+    kernels (and cuBLAS) choose their blocking, hence the order of their float additions, by
+    the number of rows, so row i's actions differ in the last bits between a batch of 1 and one
+    of 8, and contact dynamics amplify that into different episodes. A batch of 1 has the same
+    shapes whatever the batch was, so row i's output depends only on row i, the weights, the
+    device and its kernels: evaluation results then do not depend on how many envs run
+    together. The price is N forwards of one row instead of one of N (see
+    benchmarks/bench_eval.py).
+
+    Args:
+        policy: an object with ``act(obs, mode)`` returning an :class:`ActionOutput` or actions.
+        obs: the observation batch (N rows; see the module docstring).
+        mode: ``greedy`` or ``sample``.
+        seeds: one torch seed per row (``torch.manual_seed`` before the row's forward, which
+            seeds the CUDA generators too), so sampled draws are the row's own; None leaves the
+            generator as it is (greedy rows draw nothing).
+
+    Returns:
+        What ``policy.act`` returns, with N rows.
+
+    Raises:
+        ValueError: ``seeds`` does not give one seed per row.
+    """
+    n = _batch_size(obs)
+    if seeds is not None and len(seeds) != n:
+        raise ValueError(f"act_rows needs one seed per row: {len(seeds)} seeds for {n} rows.")
+    parts = []
+    for i in range(n):
+        if seeds is not None:
+            torch.manual_seed(int(seeds[i]))
+        parts.append(policy.act(obs_rows(obs, [i]), mode=mode))
+    return cat_rows(parts)
+
+
+def _batch_size(obs: Mapping[str, Any]) -> int:
+    """N: the length of the first batched entry of ``obs``.
+
+    Raises:
+        ValueError: ``obs`` has no batched entry.
+    """
+    for v in obs.values():
+        if hasattr(v, "shape") and getattr(v, "ndim", 0) >= 1:
+            return int(v.shape[0])
+        if isinstance(v, (list, tuple)):
+            return len(v)
+    raise ValueError(f"The observation has no batched entry (keys: {sorted(obs)}).")

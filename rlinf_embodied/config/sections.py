@@ -451,6 +451,18 @@ class EvalConfig:
     """Episodes recorded as video at the final evaluation (needs image observations)."""
     greedy: bool = True
     """Evaluate the distribution's mode (True) or sample actions like the rollout (False)."""
+    batch_invariant: bool = True
+    """Rollout workers answer evaluation queries row by row (one forward per env, sampled rows
+    seeded per trial and query), so each trial's result does not depend on num_episodes, the
+    number of env ranks or its batch neighbours, and equals ``rlinf-embodied eval --policy RUN
+    --run-trials`` of the same checkpoint. False: one batched forward per query (faster for
+    VLAs; results then depend on the batch in the last bits)."""
+
+    def trial_seed(self, run_seed: int, trial: int = 0) -> int:
+        """Reset seed of trial ``trial`` of every in-training evaluation of a run with
+        ``run.seed`` ``run_seed``: ``seed_offset + run_seed * 1000 + trial`` (trial j is env
+        ``j - rank * n`` of env rank ``rank``, each rank running n = num_episodes / ranks)."""
+        return self.seed_offset + int(run_seed) * 1000 + int(trial)
 
     def __post_init__(self):
         if self.num_episodes < 1:

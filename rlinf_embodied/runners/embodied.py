@@ -172,7 +172,11 @@ class EmbodiedRunner:
         metrics = {f"eval/{k}": sum(r[k] for r in out) / n for k in ("success_once", "success_at_end", "episode_return")}
         record = {"iteration": iteration, "env_steps": self.state["env_steps"], "episodes": n,
                   **{k.split("/")[1]: v for k, v in metrics.items()},
-                  "videos": [v for r in out for v in r["videos"]]}
+                  "videos": [v for r in out for v in r["videos"]],
+                  # per trial, to pair with `rlinf-embodied eval --policy <this run's checkpoint
+                  # of this iteration> --run-trials` (equal trial by trial when batch-invariant)
+                  "batch_invariant": e.batch_invariant,
+                  "trials": sorted((t for r in out for t in r["trials"]), key=lambda t: t["trial"])}
         atomic_write_json(self.run_dir / "eval" / f"iter_{iteration:06d}.json", record)
         atomic_write_json(self.run_dir / "eval" / "latest.json", record)
         if record["success_once"] >= self.state.get("best_success_once", -1.0):

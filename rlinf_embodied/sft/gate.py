@@ -12,6 +12,11 @@ recorded trials and refuses to start (:class:`GateError`) when it scores more th
 ``gate_tolerance`` below the SFT stage's result on the same trials: a checkpoint that scores
 far lower in the RL setup (another controller, horizon, observation layout, or simply the wrong
 weights) would make the RL run start from nothing.
+
+Both evaluations are batch-invariant (the policy runs on each env's row alone, see
+:func:`~rlinf_embodied.eval.acting.policy_act`): under the same env settings the gate's
+episodes equal the SFT stage's trial by trial, whatever ``num_envs`` and ``num_processes``
+each used; ``gate.json`` lists the trials whose success differs (``differing_trials``).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class GateError(RuntimeError):
 def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path, trials: int,
                         *, protocol: str = "maniskill_fair_v1", num_envs: int = 8,
                         num_processes: int = 2, fresh: bool = True,
-                        policy_mode: str | None = None, reports: bool = True) -> dict[str, Any]:
+                        policy_mode: str | None = None, reports: bool = True,
+                        batch_invariant: bool = True) -> dict[str, Any]:
     """Evaluation of a ``save_policy`` checkpoint on held-out ManiSkill seeds.
 
     Args:
@@ -57,13 +63,16 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         output: results JSON (``.md``/``.png``/``.html`` reports are written beside it).
         trials: trials 0..trials-1 of the protocol.
         protocol: evaluation protocol name.
-        num_envs: envs run concurrently (greedy results do not depend on it).
+        num_envs: envs run concurrently (results do not depend on it when
+            ``batch_invariant``).
         num_processes: env pool processes.
         fresh: delete an existing ``output`` first (else the evaluation resumes it).
         policy_mode: ``greedy`` or ``sample`` (actions drawn from the policy's distribution,
             seeded by the protocol's ``global_seed``); None keeps the protocol's (greedy for
             every shipped protocol).
         reports: also write the ``.md``/``.png``/``.html`` reports.
+        batch_invariant: run the policy row by row (:class:`~rlinf_embodied.eval.request.EvalRequest`),
+            so that each trial's episode is the same for any ``num_envs`` / ``num_processes``.
 
     Returns:
         ``{"rate", "ci95", "successes", "success_at_end_rate", "success_at_end_ci95",
@@ -82,7 +91,7 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         trials_per_task=trials, num_envs=max(1, min(num_envs, trials)),
         num_processes=num_processes, output=str(output), obs_mode=env_cfg.obs_mode,
         max_steps=env_cfg.max_episode_steps, device="cpu", policy_mode=policy_mode,
-        reports=reports,
+        reports=reports, batch_invariant=batch_invariant,
         env_overrides={"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode},
     )
     results = evaluate(req)
@@ -121,16 +130,21 @@ def read_record(checkpoint: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def _recorded_rate(record: dict[str, Any], trials: int) -> tuple[float, int]:
+def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[int, bool]:
+    """trial -> success of the SFT stage's episodes with trial < ``trials``.
+
+    Raises:
+        GateError: the SFT results file has none.
+    """
     from rlinf_embodied.eval.results import ResultsFile
 
     path = Path(record["evaluation"]["results"])
     if not path.is_absolute() and not path.exists():
         path = Path(record["_dir"]) / path.name
-    eps = [e for e in ResultsFile.load(path).episodes if e.trial < trials]
+    eps = {e.trial: bool(e.success) for e in ResultsFile.load(path).episodes if e.trial < trials}
     if not eps:
         raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
-    return sum(bool(e.success) for e in eps) / len(eps), len(eps)
+    return eps
 
 
 def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
@@ -152,7 +166,10 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
 
     Returns:
         ``{"recorded", "measured", "episodes", "tolerance", "passed": True, "sampled",
-        "sampled_ci95", "log_std", ...}`` (also written to ``out_dir/gate.json``).
+        "sampled_ci95", "log_std", "differing_trials", "batch_invariant", ...}`` (also
+        written to ``out_dir/gate.json``; ``differing_trials``: trials whose success differs
+        from the SFT stage's, none when the env settings are the same and both evaluations
+        were batch-invariant).
 
     Raises:
         GateError: no record next to the checkpoint, or the measured success rate is more
@@ -163,14 +180,21 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         raise GateError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` first.")
     k = int(episodes or record["gate_episodes"])
     tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
-    recorded, n = _recorded_rate(record, k)
+    sft = _recorded_episodes(record, k)
+    recorded, n = sum(sft.values()) / len(sft), len(sft)
     out_dir = Path(out_dir)
     ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", n,
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes)
+    from rlinf_embodied.eval.results import ResultsFile
+
+    gate = ResultsFile.load(ev["results"])
+    differing = sorted(e.trial for e in gate.episodes
+                       if e.trial in sft and bool(e.success) != sft[e.trial])
     result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
-              "passed": ev["rate"] >= recorded - tol}
+              "passed": ev["rate"] >= recorded - tol, "differing_trials": differing,
+              "batch_invariant": bool(gate.header.get("batch_invariant"))}
     if sampled and result["passed"]:
         sp = sampled_success(checkpoint, env_cfg, n, out_dir / "gate_sampled.json",
                              protocol=record["protocol"],
@@ -181,6 +205,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     verdict = "passed" if result["passed"] else "FAILED"
     log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{n - 1} "
         f"under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
+    if differing:
+        log(f"  trials whose success differs from the SFT stage's: {differing}")
     if "sampled" in result:
         log(f"  sampled actions (what RL rollouts take; mean log-std {result['log_std']:.2f}) "
             f"score {result['sampled']:.2f} on the same trials")

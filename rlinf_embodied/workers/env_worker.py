@@ -152,13 +152,15 @@ class EnvWorker(Worker):
         return f"e{self.rank}eval"
 
     def _request(self, stage: int, obs: dict, seed: int, mode: str, values_only: bool,
-                 reply: Optional[str] = None) -> str:
-        """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key."""
+                 reply: Optional[str] = None, row_seeds: Optional[tuple] = None) -> str:
+        """Queue a policy query of stream ``stage`` for its rollout rank; returns the reply key.
+        ``row_seeds`` asks for a batch-invariant answer (:class:`PolicyRequest`)."""
         reply = reply or self._reply_key(stage)
         self._asked[reply] = obs  # the reply's echoed forward_inputs come from here
         t0 = time.perf_counter()
         self.obs_ch.put(
-            PolicyRequest(obs=obs, seed=seed, reply=reply, mode=mode, values_only=values_only),
+            PolicyRequest(obs=obs, seed=seed, reply=reply, mode=mode, values_only=values_only,
+                          row_seeds=row_seeds),
             key=f"r{self.route[stage]}",
             weight=self.n_stream,
         )
@@ -265,19 +267,32 @@ class EnvWorker(Worker):
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, iteration: int, num_episodes: int, num_videos: int = 0) -> dict:
-        """Fair evaluation: fixed-length episodes (terminations ignored), greedy actions.
+        """Fair evaluation: fixed-length episodes (terminations ignored), greedy actions
+        (``eval.greedy``).
 
-        Uses the same seeds at every evaluation, disjoint from training (``eval.seed_offset``;
-        training resets use seeds below it). Each rank runs
-        ``num_episodes / world_size`` episodes in one batch. With ``num_videos``, the first
-        envs' episodes are written as MP4s (state-only ManiSkill envs render their camera for
-        it; other envs without images get no videos).
+        Uses the same trials at every evaluation, on seeds disjoint from training
+        (``eval.seed_offset``; training resets use seeds below it): each rank runs
+        n = ``num_episodes / world_size`` episodes in one batch, trials ``rank * n`` to
+        ``rank * n + n - 1``, trial j reset with seed :meth:`EvalConfig.trial_seed`
+        (``seed_offset + run.seed * 1000 + j``). With ``eval.batch_invariant`` the rollout
+        workers answer row by row, sampled rows seeded by
+        :func:`~rlinf_embodied.eval.acting.episode_seed` (``run.seed``, the env id, the trial,
+        the query), so each trial's result is that of ``rlinf-embodied eval --policy RUN
+        --run-trials`` of the same checkpoint. With ``num_videos``, the first envs' episodes
+        are written as MP4s (state-only ManiSkill envs render their camera for it; other envs
+        without images get no videos).
 
         Returns:
             ``episodes``, ``success_once`` and ``success_at_end`` (sums), ``episode_return``
-            (sum), ``videos`` (paths).
+            (sum), ``videos`` (paths), and ``trials``: per episode ``trial``, ``seed``,
+            ``success_once``, ``success_at_end``, ``episode_return``.
         """
+        from rlinf_embodied.eval.acting import episode_seed
+
         n = max(1, num_episodes // self.world_size)
+        first = self.rank * n
+        ev, run_seed = self.cfg.eval, self.cfg.run.seed
+        task = getattr(self.cfg.env, "env_id", None) or self.cfg.env.type
         env = self._eval_env_for(n, videos=num_videos > 0)
         recorder = None
         if num_videos and self.video_dir:
@@ -293,17 +308,21 @@ class EnvWorker(Worker):
         queries = -(-steps // max(1, self.cfg.policy.action_chunk))
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
             # the same held-out seeds at every evaluation, so evaluations compare across iterations
-            obs, _ = env.reset(seed=self.cfg.eval.seed_offset + self.cfg.run.seed * 1000 + self.rank * n)
-            ret = torch.zeros(n)
+            obs, _ = env.reset(seed=ev.trial_seed(run_seed, first))
+            # float64 sums of the float64 rewards of each chunk, as `rlinf-embodied eval` adds them
+            ret = torch.zeros(n, dtype=torch.float64)
             succ_once = torch.zeros(n, dtype=torch.bool)
             success = torch.zeros(n, dtype=torch.bool)
             for q in range(queries):
-                sd = request_seed(self.cfg.run.seed, iteration, self.rank, q, phase=1)
-                mode = "greedy" if self.cfg.eval.greedy else "sample"
-                reply = self._request(0, obs, sd, mode, False, reply=self._eval_reply_key())
+                sd = request_seed(run_seed, iteration, self.rank, q, phase=1)
+                mode = "greedy" if ev.greedy else "sample"
+                rows = (tuple(episode_seed(run_seed, task, first + i, q) for i in range(n))
+                        if ev.batch_invariant else None)
+                reply = self._request(0, obs, sd, mode, False, reply=self._eval_reply_key(),
+                                      row_seeds=rows)
                 out = restore_echoes(self.act_ch.get(key=reply), self._asked.pop(reply))
                 obs, r, term, trunc, info = env.chunk_step(out.actions)
-                ret += r.sum(-1).float().cpu()
+                ret += r.detach().cpu().double().reshape(n, -1).sum(-1)
                 success = info["success"].cpu().bool()
                 succ_once |= info["success_once"].cpu().bool()
             self._end_streams()
@@ -313,6 +332,9 @@ class EnvWorker(Worker):
             "success_at_end": float(success.float().sum()),
             "episode_return": float(ret.sum()),
             "videos": [str(p) for p in recorder.videos] if recorder is not None else [],
+            "trials": [{"trial": first + i, "seed": ev.trial_seed(run_seed, first + i),
+                        "success_once": bool(succ_once[i]), "success_at_end": bool(success[i]),
+                        "episode_return": float(ret[i])} for i in range(n)],
         }
 
     def _eval_env_for(self, n: int, videos: bool):

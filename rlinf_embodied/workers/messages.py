@@ -35,6 +35,11 @@ class PolicyRequest:
         reply: Key of the reply on the ``actions`` channel.
         mode: ``"sample"`` or ``"greedy"``.
         values_only: Answer with the value estimates only (bootstrap after the last step).
+        row_seeds: Batch-invariant answer (evaluation, ``eval.batch_invariant``): the policy
+            runs on each env's row alone (a batch of 1), row i under
+            ``torch.manual_seed(row_seeds[i])``, so an env's actions do not depend on the
+            batch it came in (:func:`~rlinf_embodied.policies.base.act_rows`); None answers
+            the batch with one forward under ``seed``.
     """
 
     obs: Dict[str, Any]
@@ -42,6 +47,7 @@ class PolicyRequest:
     reply: str
     mode: str = "sample"
     values_only: bool = False
+    row_seeds: Optional[Tuple[int, ...]] = None
 
     @property
     def num_envs(self) -> int:

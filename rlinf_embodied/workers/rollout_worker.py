@@ -7,6 +7,7 @@ import time
 import torch
 
 from rlinf_embodied.config import JobConfig
+from rlinf_embodied.policies.base import act_rows
 from rlinf_embodied.runtime import Channel, Worker
 from rlinf_embodied.workers.env_worker import ChannelNames
 from rlinf_embodied.workers.messages import EndOfStream, PolicyReply, PolicyRequest, drop_echoes
@@ -26,7 +27,9 @@ class RolloutWorker(Worker):
     :mod:`rlinf_embodied.workers.messages`). Each request carries a sampling seed, so the same
     observation gets the same action on any rank. Requests that arrive together are taken in
     one wake-up and answered back to back; with ``join_forwards`` those that draw no random
-    numbers (greedy evaluation, bootstrap values) share one forward.
+    numbers (greedy evaluation, bootstrap values) share one forward. A request with
+    ``row_seeds`` (batch-invariant evaluation) is answered row by row
+    (:func:`~rlinf_embodied.policies.base.act_rows`) and never joined.
 
     Args:
         cfg: the job config.
@@ -166,17 +169,21 @@ class RolloutWorker(Worker):
                 self._has_critic = False
                 return PolicyReply()
         torch.manual_seed(req.seed)
-        out = self.policy.act(obs, mode=req.mode)
+        if req.row_seeds is not None:  # batch-invariant: each env's row alone, its own seed
+            out = act_rows(self.policy, obs, req.mode, req.row_seeds)
+        else:
+            out = self.policy.act(obs, mode=req.mode)
         return drop_echoes(PolicyReply(out.actions, out.logprobs, out.values, out.forward_inputs), obs)
 
 
 def _batches(requests: list[PolicyRequest]) -> list[list[PolicyRequest]]:
     """Requests answered by one forward each: consecutive requests that draw no random numbers
     (greedy or values-only, same kind, same observation keys) are joined; a sampling request is
-    answered alone under its own seed, so its actions never depend on what arrived with it."""
+    answered alone under its own seed, so its actions never depend on what arrived with it, and
+    so is a batch-invariant one (``row_seeds``), which runs row by row anyway."""
     out: list[list[PolicyRequest]] = []
     for req in requests:
-        joinable = req.values_only or req.mode == "greedy"
+        joinable = (req.values_only or req.mode == "greedy") and req.row_seeds is None
         prev = out[-1][-1] if out else None
         if (joinable and prev is not None and (prev.values_only, prev.mode) == (req.values_only, req.mode)
                 and prev.obs.keys() == req.obs.keys()):

@@ -133,6 +133,8 @@ def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path
         assert ResultsFile.load(tmp_path / "good" / name).header["num_processes"] == 0
     logged = json.loads((tmp_path / "good" / "gate.json").read_text())
     assert 0.0 <= logged["sampled"] <= 1.0 and logged["episodes"] == 2
+    # batch-invariant re-evaluation (8 envs capped at 2 vs the SFT stage's 2): trial by trial
+    assert logged["batch_invariant"] is True and logged["differing_trials"] == []
     sampled = ResultsFile.load(tmp_path / "good" / "gate_sampled.json")  # the shared eval path
     assert sampled.header["protocol"]["policy_mode"] == "sample"
     assert logged["sampled"] == sampled.summary()["overall"]["rate"]

@@ -82,3 +82,26 @@ def test_replies_leave_out_the_observation_and_the_env_puts_it_back():
         assert torch.equal(restore_echoes(part, r.obs).forward_inputs["states"], r.obs["states"])
     with pytest.raises(KeyError, match="did not send"):
         restore_echoes(reply, {"pixels": torch.zeros(3, 1)})
+
+
+def test_row_seeds_answer_each_env_as_a_batch_of_one_and_are_never_joined():
+    """A batch-invariant evaluation request (row_seeds): each env's answer is that of its row
+    alone under its own seed, whatever the batch and the request's seed."""
+    import dataclasses
+
+    worker = _worker()
+    seeds = (5, 6, 7, 8)
+    for mode in ("greedy", "sample"):
+        req = dataclasses.replace(_request(4, 41, mode), row_seeds=seeds)
+        reply = worker._answer(req)
+        other = worker._answer(dataclasses.replace(req, seed=99))  # the request seed is unused
+        assert torch.equal(reply.actions, other.actions)
+        for i in range(4):
+            alone = _request(1, seeds[i], mode)
+            alone = dataclasses.replace(alone, obs={k: v[i:i + 1] for k, v in req.obs.items()})
+            one = worker._answer(alone)  # seeded with its own seed, batch of one
+            assert torch.equal(reply.actions[i:i + 1], one.actions), (mode, i)
+            assert torch.equal(reply.logprobs[i:i + 1], one.logprobs), (mode, i)
+            assert torch.equal(reply.values[i:i + 1], one.values), (mode, i)
+    greedy = [dataclasses.replace(_request(2, s, "greedy"), row_seeds=(1, 2)) for s in (51, 52)]
+    assert [[r.seed for r in b] for b in _batches(greedy)] == [[51], [52]]
