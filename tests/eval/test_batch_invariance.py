@@ -2,7 +2,7 @@
 batch equal, bit for bit, those of each row evaluated alone, so an evaluation's episodes do not
 depend on how many envs share a batch.
 
-Tiny policies of every family (MLP, CNN, OpenVLA, OpenVLA-OFT with token and L1 heads) are
+Tiny policies of every family (MLP, CNN, OpenVLA, OpenVLA-OFT with token and L1 heads, pi0 and pi0.5) are
 built from config on CPU; :func:`~rlinf_embodied.policies.base.act_rows` is checked field by
 field (actions, log-probs, values, forward_inputs) and
 :func:`~rlinf_embodied.eval.acting.policy_act` as evaluations call it (greedy and sampled, with
@@ -51,6 +51,12 @@ def _policy(family):
                               conv_strides=[4, 2], image_feature_dim=32, state_feature_dim=32)
         return build_policy(cfg, _spec()).eval(), True
     pytest.importorskip("transformers")
+    if family in ("pi0", "pi05"):
+        from rlinf_embodied.policies.configuration_pi0 import Pi05PolicyConfig, Pi0PolicyConfig
+
+        cls = Pi0PolicyConfig if family == "pi0" else Pi05PolicyConfig
+        cfg = cls(action_chunk=4, action_horizon=4, num_steps=3, critic=True)
+        return build_policy(cfg, _spec()).eval(), True
     from rlinf_embodied.policies.configuration_openvla import (
         OpenVLAOFTPolicyConfig,
         OpenVLAPolicyConfig,
@@ -66,7 +72,7 @@ def _policy(family):
     return build_policy(cfg, _spec()).eval(), True
 
 
-FAMILIES = ["mlp", "cnn", "openvla", "oft_tokens", "oft_l1"]
+FAMILIES = ["mlp", "cnn", "openvla", "oft_tokens", "oft_l1", "pi0", "pi05"]
 
 
 def _same(a, b, what):
