@@ -97,6 +97,21 @@ class _LockService:
         self._record(devices, worker, "release")
         self._grant()
 
+    async def evict(self, workers: Sequence[str]) -> None:
+        """Forget ``workers`` (their processes are gone): free the devices they held, cancel
+        their waits, and hand the devices on."""
+        gone = set(workers)
+        for d in [d for d, members in self._members.items() if members & gone]:
+            self._members[d] -= gone
+            if not self._members[d]:
+                del self._holder[d], self._members[d]
+                self._produced.pop(d, None)
+        for w in [w for w in self._waiters if w.worker in gone]:
+            self._waiters.remove(w)
+            if not w.granted.done():
+                w.granted.cancel()
+        self._grant()
+
     def _grant(self) -> None:
         """Hand free devices to waiters: consumers of what was just produced first, then FIFO."""
 
@@ -196,6 +211,11 @@ class DeviceLock:
             RuntimeError: (from the service) if ``worker`` does not hold the devices.
         """
         ray.get(self._actor.release.remote(worker, list(devices), sorted(produced)))
+
+    def evict(self, workers: Sequence[str], timeout: float = 30.0) -> None:
+        """Free whatever ``workers`` (``"<group>[<rank>]"`` names of killed processes) held or
+        waited for, so that workers started in their place are not blocked by them."""
+        ray.get(self._actor.evict.remote(list(workers)), timeout=timeout)
 
     def trace(self) -> list[LockEvent]:
         """Every request/acquire/release so far, in order."""
