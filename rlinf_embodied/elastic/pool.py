@@ -31,6 +31,7 @@ from rlinf_embodied.elastic.offload import PREEMPTIBLE, RESERVED, OffloadPlanner
 from rlinf_embodied.elastic.preemption import PreemptionSimulator
 from rlinf_embodied.elastic.worker import ElasticRolloutWorker
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError, WorkerGroup
+from rlinf_embodied.runtime.cluster import raylet_gone
 from rlinf_embodied.runtime.device import CPU, GPU, RAY_GPU_RESOURCE, Device
 
 __all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult", "UnplacedWorkersWarning"]
@@ -39,8 +40,11 @@ __all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult", "UnplacedWorke
 class UnplacedWorkersWarning(UserWarning):
     """Configured preemptible workers have no node to run on (none advertises the resource)."""
 
-IDLE_POLL_S = 0.005
-"""Seconds the dispatch loop sleeps when nothing changed (bounds the added dispatch latency)."""
+IDLE_POLL_S = 0.05
+"""Seconds the dispatch loop waits for a call to finish when nothing changed (a finished or
+failed call wakes it at once; this bounds how late a timed kill or a joined worker is seen)."""
+NODE_PROBE_S = 0.25
+"""Seconds between checks of the members' nodes (a refused raylet port: the node is gone)."""
 
 
 class NodeProvider(Protocol):
@@ -66,7 +70,7 @@ class _Member:
     handle: Any = None
     started: float = 0.0
     kill_at: Optional[float] = None
-    doomed: bool = False  # killed (or its node is): takes no new shard, its death is awaited
+    doomed: bool = False  # killed by the simulator (its restart policy applies)
 
 
 @dataclasses.dataclass
@@ -145,6 +149,9 @@ class ElasticRolloutPool:
         self._serial = itertools.count()
         self._join_failures = 0  # consecutive; past elastic.max_attempts it is a bug, not bad luck
         self._driver_node = ray.get_runtime_context().get_node_id()
+        self._nodes: List[dict] = []
+        self._node_info: Dict[str, dict] = {}
+        self._nodes_at = self._probed_at = -float("inf")
         self.events: List[dict] = []
         self._t0 = time.monotonic()
 
@@ -190,8 +197,17 @@ class ElasticRolloutPool:
             self._spawn_wanted()
             time.sleep(0.02)
 
+    def _alive_nodes(self) -> List[dict]:
+        """Ray's alive nodes, asked at most every :data:`NODE_PROBE_S` (a GCS round trip)."""
+        now = time.monotonic()
+        if now - self._nodes_at >= NODE_PROBE_S:
+            self._nodes = [n for n in ray.nodes() if n.get("Alive")]
+            self._node_info.update({n["NodeID"]: n for n in self._nodes})
+            self._nodes_at = now
+        return [n for n in self._nodes if n["NodeID"] not in self._dead_nodes]
+
     def _nodes_for(self, kind: str) -> List[dict]:
-        alive = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self._dead_nodes]
+        alive = self._alive_nodes()
         if kind == RESERVED or not self.e.preemptible_resource:
             return [n for n in alive if n["NodeID"] == self._driver_node]
         return [n for n in alive if n["Resources"].get(self.e.preemptible_resource, 0) > 0]
@@ -246,9 +262,9 @@ class ElasticRolloutPool:
         return changed
 
     def _preempt(self, m: _Member, queue: collections.deque, done: dict) -> None:
-        """The simulator's kill: the worker process, or its whole node. A victim with a shard in
-        flight is reaped when its call reports the death (the path a real preemption takes);
-        an idle one is reaped at once."""
+        """The simulator's kill: the worker process, or its whole node. The pool knows its
+        victims are dead, so their in-flight shards go back to the queue at once (a real
+        preemption is found by :meth:`_check_nodes` or by the call reporting the death)."""
         m.kill_at = None
         self._event("preempt", worker=m.name, shard=m.shard, target=self.e.preemption.target)
         victims = [m]
@@ -260,15 +276,34 @@ class ElasticRolloutPool:
             self.provider.kill_node(m.node_id)
         for v in victims:
             v.doomed = True
-            if v.handle is None:
-                self._lost(v, queue, done)
+            self._lost(v, queue, done)
         if self.e.preemption.target == "worker":
             return
         restart = self.e.preemption.restart
         if restart == "immediate":
-            self._restore_due += 1  # once the node's in-flight shards are re-queued
+            self._restore_due += 1
         elif restart == "next_iteration":
             self._deferred_nodes += 1
+
+    def _check_nodes(self, queue: collections.deque, done: dict, now: float) -> bool:
+        """Every :data:`NODE_PROBE_S`, ask each node hosting members whether its raylet still
+        listens (:func:`~rlinf_embodied.runtime.cluster.raylet_gone`): a refused connection
+        means the node is gone, seconds before Ray's own health checks say so, and its
+        members' shards are re-queued at once. Returns whether a member was lost."""
+        if now - self._probed_at < NODE_PROBE_S:
+            return False
+        self._probed_at = now
+        lost = False
+        for node_id in {m.node_id for m in self.members} - {self._driver_node}:
+            info = self._node_info.get(node_id)
+            if info is None or not raylet_gone(info):
+                continue
+            self._dead_nodes.add(node_id)
+            self._event("node_lost", node=node_id)
+            for m in [o for o in self.members if o.node_id == node_id]:
+                self._lost(m, queue, done)
+            lost = True
+        return lost
 
     def _restore_nodes(self) -> None:
         """Bring killed nodes back (blocks the dispatch loop while the raylet starts; running
@@ -282,6 +317,8 @@ class ElasticRolloutPool:
                 self._event("node_restore_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _lost(self, m: _Member, queue: collections.deque, done: dict) -> None:
+        if m not in self.members:
+            return
         self.members.remove(m)
         if m.shard is not None and m.shard not in done:
             queue.appendleft(m.shard)
@@ -339,9 +376,11 @@ class ElasticRolloutPool:
             changed = self._reap_joins()
             self._spawn_wanted()
             now = time.monotonic()
+            changed |= self._check_nodes(queue, done, now)
             for m in list(self.members):
                 if m.kill_at is not None and now >= m.kill_at:
                     self._preempt(m, queue, done)
+                    changed = True
                 if m.handle is None or m not in self.members:
                     continue
                 try:
@@ -366,11 +405,6 @@ class ElasticRolloutPool:
                         state[m.shard] = res["partial"]
                         calls[m.shard] += 1
                         changed = True
-                        if m.doomed:  # killed as the piece finished: the progress is kept
-                            queue.appendleft(m.shard)
-                            m.shard = m.handle = None
-                            self._lost(m, queue, done)
-                            continue
                         # the same worker goes on at once
                         m.handle = m.group.run_shard(iteration, m.shard, version, state[m.shard])
                         dispatch = self._armed(m, dispatch, now)
@@ -386,9 +420,6 @@ class ElasticRolloutPool:
                     m.first_done_at = m.first_done_at or now
                     m.shard = m.handle = None
                     changed = True
-            if self._restore_due and not any(m.doomed and m.handle for m in self.members):
-                self._restore_nodes()
-                changed = True
             now = time.monotonic()
             idle = sorted((m for m in live() if m.handle is None), key=lambda m: self.planner.estimate(m.kind))
             for m in idle:
@@ -405,6 +436,9 @@ class ElasticRolloutPool:
                 m.handle = m.group.run_shard(iteration, shard, version, *extra)
                 dispatch = self._armed(m, dispatch, now)
                 changed = True
+            if self._restore_due:  # after dispatching: the re-queued shards run meanwhile
+                self._restore_nodes()
+                changed = True
             if changed:
                 stalled_since = None
             else:
@@ -413,12 +447,24 @@ class ElasticRolloutPool:
                     if now - stalled_since > self.e.join_timeout_s:
                         raise RuntimeError("every elastic worker is gone and none could start "
                                            "for elastic.join_timeout_s; check the cluster's nodes.")
-                time.sleep(IDLE_POLL_S)
+                self._idle_wait(now)
         for m in self.members:
             m.kill_at = None  # a kill armed for a shard that already finished is dropped
         for kind, s in seconds.items():
             self.planner.observe(kind, s)
         return self._result(iteration, done, placed, planned, first_event, time.monotonic() - t_start)
+
+    def _idle_wait(self, now: float) -> None:
+        """Wait until a call in flight finishes (or fails), at most :data:`IDLE_POLL_S` and
+        never past the next armed kill or node check: no busy polling of the workers."""
+        until = min([now + IDLE_POLL_S, self._probed_at + NODE_PROBE_S]
+                    + [m.kill_at for m in self.members if m.kill_at is not None])
+        refs = [r for m in self.members if m.handle is not None for r in m.handle.refs]
+        timeout = max(0.0, until - time.monotonic())
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=timeout)
+        else:
+            time.sleep(timeout)
 
     def _armed(self, m: _Member, dispatch: int, now: float) -> int:
         """Count a request sent to ``m`` (preemptible ones only) and arm the simulator's kill
