@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from pathlib import Path
 from typing import Dict, List
 
@@ -40,47 +41,63 @@ class ElasticActorWorker(ActorWorker):
 
 @dataclasses.dataclass
 class ElasticGroups(Groups):
-    """:class:`~rlinf_embodied.runners.setup.Groups` plus the elastic pool (stopped first)."""
+    """:class:`~rlinf_embodied.runners.setup.Groups` plus the elastic pool (stopped first) and
+    its weight store."""
 
     pool: object = None
+    store: object = None
 
-    def shutdown(self, keep_cluster: bool = False) -> None:
+    def shutdown(self, keep_cluster: bool = False, close_timeout: float = 60.0) -> None:
         if self.pool is not None:
             self.pool.shutdown()
-        super().shutdown(keep_cluster)
+        if self.store is not None:
+            import ray
+
+            ray.kill(self.store, no_restart=True)
+            self.store = None
+        super().shutdown(keep_cluster, close_timeout)
 
 
 class ElasticEmbodiedRunner(EmbodiedRunner):
     """:class:`~rlinf_embodied.runners.embodied.EmbodiedRunner` with ``cfg.elastic`` rollout.
+
+    A lost elastic worker (or preemptible node) costs only its shard's re-run; a lost rank of
+    the placed groups restarts them, pool included, from the newest checkpoint
+    (``trainer.max_restarts``).
 
     Args:
         cfg: the job config (``cfg.elastic.enabled`` need not be set: this runner is elastic).
         run_dir: the run directory (``elastic/iter_<i>.json`` records go there).
         resume: resume from the latest checkpoint.
         node_provider: kills/restores nodes for ``elastic.preemption.target: node``.
+        **kwargs: ``signals``, ``checkpoint`` as for the embodied runner.
     """
 
     actor_cls = ElasticActorWorker
 
-    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False, node_provider=None):
-        super().__init__(cfg, run_dir, resume)
+    def __init__(self, cfg: JobConfig, run_dir: Path, resume: bool = False, node_provider=None,
+                 **kwargs):
+        self.node_provider = node_provider
+        super().__init__(cfg, run_dir, resume, **kwargs)
+
+    def _launch(self, ckpt, cluster=None, plan=None) -> ElasticGroups:
+        """The placed groups, then the weight store and the pool (its workers joined)."""
         from rlinf_embodied.elastic.pool import ElasticRolloutPool
         from rlinf_embodied.elastic.weights import ElasticWeightSync, weight_store
 
-        g = self.g
+        g = super()._launch(ckpt, cluster, plan)
+        eg = ElasticGroups(**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)})
         try:
-            name = f"elastic-weights:{self.run_dir.name}:{id(self):x}"
-            store = weight_store(name, create=True)
+            name = f"elastic-weights:{self.run_dir.name}:{uuid.uuid4().hex[:8]}"
+            eg.store = weight_store(name, create=True)
             spec = g.env.on([0]).space_spec().wait()[0]
-            pool = ElasticRolloutPool(self.cfg, spec, name, g.actor.world_size, node_provider)
-            self.g = ElasticGroups(**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)},
-                                   pool=pool)
-            self.g.sync = ElasticWeightSync(g.actor, g.rollout, store)
-            self._store = store
-            pool.start()
+            eg.pool = ElasticRolloutPool(g.cfg, spec, name, g.actor.world_size, self.node_provider)
+            eg.sync = ElasticWeightSync(g.actor, g.rollout, eg.store)
+            eg.pool.start()
         except BaseException:
-            self.g.shutdown()
+            eg.shutdown(keep_cluster=cluster is not None)
             raise
+        return eg
 
     def _rollout_and_train(self, it: int, m: dict):
         """Rollout through the pool, then train each actor rank on its shards."""
