@@ -195,11 +195,13 @@ class EmbodiedRunner:
                  else {"iteration": 0, "env_steps": 0})
         since = (f"checkpoint {ckpt.name} (iteration {state['iteration']})" if ckpt is not None
                  else "the start (no checkpoint saved yet)")
+        again = (f"iteration {reached + 1} runs again" if reached == state["iteration"] else
+                 f"iterations {state['iteration'] + 1}-{reached + 1} run again")
         print(f"restart {self.restarts}/{t.max_restarts}: {what} ({type(err).__name__}); "
-              f"restarting the placed groups from {since}: iterations {state['iteration'] + 1}-"
-              f"{reached + 1} run again", flush=True)
+              f"restarting the placed groups from {since}: {again}", flush=True)
         wanted = group_ranks(g.plan, g.cluster.num_devices)
         g.shutdown(keep_cluster=True, close_timeout=5.0)
+        t_wait = time.monotonic()
 
         def shape(devices: int):
             try:
@@ -213,15 +215,19 @@ class EmbodiedRunner:
         wait_for_capacity(g.cluster, shape, wanted, t.restart_wait_s, gone)
         self.state, self.saved = state, ckpt
         self._saved_at = state["iteration"] if ckpt is not None else -1
+        t_launch = time.monotonic()
         self.g = self._launch(ckpt, cluster=g.cluster, plan=g.plan)
+        now = time.monotonic()
         self.log.event("restart", self.state["env_steps"], state["iteration"], **{
             "restart/count": self.restarts, "restart/from_iteration": state["iteration"],
             "restart/lost_iterations": reached - state["iteration"],
-            "restart/seconds": time.monotonic() - t0, "restart/lost": lost,
-            "restart/error": str(err).splitlines()[0][:300]})
-        print(f"restart {self.restarts}/{t.max_restarts}: groups up again after "
-              f"{time.monotonic() - t0:.1f} s; continuing with iteration {state['iteration'] + 1}",
-              flush=True)
+            "restart/seconds": now - t0, "restart/stop_s": t_wait - t0,
+            "restart/capacity_wait_s": t_launch - t_wait, "restart/launch_s": now - t_launch,
+            "restart/lost": lost, "restart/error": str(err).splitlines()[0][:300]})
+        print(f"restart {self.restarts}/{t.max_restarts}: groups up again after {now - t0:.1f} s "
+              f"(finding and stopping the lost ones {t_wait - t0:.1f} s, waiting for capacity "
+              f"{t_launch - t_wait:.1f} s, starting {now - t_launch:.1f} s); continuing with "
+              f"iteration {state['iteration'] + 1}", flush=True)
 
     def _rollout_and_train(self, it: int, m: dict):
         """Iteration ``it``'s rollout, then one update; adds ``time/...`` entries to ``m``.

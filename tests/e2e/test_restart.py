@@ -40,6 +40,7 @@ def test_lost_actor_rank_restarts_from_checkpoint_like_a_resume_by_hand(ray_sess
     out = capsys.readouterr().out
     assert "restart 1/3: lost actor[rank 0] on " in out and "during iteration 4" in out
     assert "from checkpoint iter_000002 (iteration 2): iterations 3-4 run again" in out
+    assert "restart 1/3: groups up again after " in out
     rows = history(tmp_path / "killed")
     (event,) = [r for r in rows if r.get("event") == "restart"]
     assert event["restart/from_iteration"] == 2 and event["restart/lost_iterations"] == 1
