@@ -71,6 +71,7 @@ class _Member:
     started: float = 0.0
     kill_at: Optional[float] = None
     doomed: bool = False  # killed by the simulator (its restart policy applies)
+    standby: bool = False  # a spare: takes no shard until it replaces a lost preemptible worker
 
 
 @dataclasses.dataclass
@@ -139,9 +140,10 @@ class ElasticRolloutPool:
         self.planner = OffloadPlanner(e.throughput_ema)
         self.sim = PreemptionSimulator(e.preemption, shards)
         self.members: List[_Member] = []
-        self._joining: List[Tuple[str, str, str, float, cf.Future]] = []  # name, kind, node, t, future
+        self._joining: List[Tuple[str, str, str, float, cf.Future, bool]] = []  # name, kind, node, t, future, standby
         self._wanted = collections.Counter({RESERVED: e.reserved_workers, PREEMPTIBLE: e.preemptible_workers})
         self._deferred = collections.Counter()
+        self._standby_wanted, self._refill = e.standby_workers, 0
         self._deferred_nodes = 0
         self._dead_nodes: set = set()
         self._restore_due = 0  # nodes to bring back (target: node); Ray starts them in the main thread
@@ -159,7 +161,7 @@ class ElasticRolloutPool:
     def start(self) -> None:
         """Start the configured workers and wait until the reserved ones (and every preemptible
         one that has a node) are up."""
-        self.wait_for_joins()
+        self.wait_for_joins(standby=True)
         if not any(m.kind == RESERVED for m in self.members):
             raise RuntimeError(f"no reserved elastic worker started within "
                                f"elastic.join_timeout_s={self.e.join_timeout_s}; see the worker logs "
@@ -186,13 +188,13 @@ class ElasticRolloutPool:
             f"preemptible workers and starts the others when such a node joins.",
             UnplacedWorkersWarning, stacklevel=3)
 
-    def wait_for_joins(self) -> None:
-        """Block until the workers being started (and nodes being restored) have joined, for
-        at most ``elastic.join_timeout_s``."""
+    def wait_for_joins(self, standby: bool = False) -> None:
+        """Block until the workers being started (spares too with ``standby``) and nodes being
+        restored have joined, for at most ``elastic.join_timeout_s``."""
         deadline = time.monotonic() + self.e.join_timeout_s
         self._spawn_wanted()
         self._restore_nodes()
-        while self._joining and time.monotonic() < deadline:
+        while any(standby or not j[5] for j in self._joining) and time.monotonic() < deadline:
             self._reap_joins()
             self._spawn_wanted()
             time.sleep(0.02)
@@ -223,23 +225,28 @@ class ElasticRolloutPool:
                 node = min(nodes, key=lambda n: (load[n["NodeID"]], n["NodeID"]))
                 self._spawn(kind, node, load[node["NodeID"]])
                 self._wanted[kind] -= 1
+        while self._standby_wanted > 0 and self._nodes_for(PREEMPTIBLE):
+            node = self._nodes_for(PREEMPTIBLE)[0]
+            self._spawn(PREEMPTIBLE, node, sum(m.node_id == node["NodeID"] for m in self.members),
+                        standby=True)
+            self._standby_wanted -= 1
 
-    def _spawn(self, kind: str, node: dict, index_on_node: int) -> None:
+    def _spawn(self, kind: str, node: dict, index_on_node: int, standby: bool = False) -> None:
         gpus = int(node["Resources"].get(RAY_GPU_RESOURCE, 0))
         device = Device(-1, node["NodeID"], node["NodeManagerAddress"], GPU if gpus else CPU,
                         index_on_node % gpus if gpus else 0)
-        name = f"elastic-{kind[0]}{next(self._serial)}"
+        name = f"elastic-{'s' if standby else kind[0]}{next(self._serial)}"
         args = (*self.init_args, kind)
         fut = self._pool.submit(
             WorkerGroup, _OneDevice(device), self.worker_cls, name, [0], init_args=args,
             torch_threads=self.e.torch_threads, startup_timeout=self.e.join_timeout_s)
-        self._joining.append((name, kind, node["NodeID"], time.monotonic(), fut))
+        self._joining.append((name, kind, node["NodeID"], time.monotonic(), fut, standby))
 
     def _reap_joins(self) -> bool:
         changed = False
         for item in [j for j in self._joining if j[4].done()]:
             self._joining.remove(item)
-            name, kind, node, t_spawn, fut = item
+            name, kind, node, t_spawn, fut, standby = item
             changed = True
             try:
                 group = fut.result()
@@ -250,15 +257,17 @@ class ElasticRolloutPool:
                 if self._join_failures > self.e.max_attempts:
                     raise RuntimeError(f"{self._join_failures} elastic workers in a row failed to "
                                        f"start; the last one:\n{error}") from exc
-                self._wanted[kind] += 1
+                self._respawn(kind, standby)
                 continue
             self._join_failures = 0
             if node in self._dead_nodes:
                 group.shutdown()
-                self._wanted[kind] += 1
+                self._respawn(kind, standby)
                 continue
-            self.members.append(_Member(name, kind, group, node, t_spawn, time.monotonic()))
-            self._event("join", worker=name, kind=kind, start_s=time.monotonic() - t_spawn)
+            self.members.append(_Member(name, kind, group, node, t_spawn, time.monotonic(),
+                                        standby=standby))
+            self._event("join", worker=name, kind=kind, start_s=time.monotonic() - t_spawn,
+                        **({"standby": True} if standby else {}))
         return changed
 
     def _preempt(self, m: _Member, queue: collections.deque, done: dict) -> None:
@@ -316,15 +325,32 @@ class ElasticRolloutPool:
             except Exception as exc:  # noqa: BLE001 - the run goes on reserved-only
                 self._event("node_restore_failed", error=f"{type(exc).__name__}: {exc}")
 
+    def _respawn(self, kind: str, standby: bool) -> None:
+        if standby:
+            self._standby_wanted += 1
+        else:
+            self._wanted[kind] += 1
+
     def _lost(self, m: _Member, queue: collections.deque, done: dict) -> None:
+        """Take ``m`` out: its shard back to the head of the queue, a spare in its place (its
+        own replacement starts when the iteration's rollout ends) or a replacement per the
+        restart policy."""
         if m not in self.members:
             return
         self.members.remove(m)
         if m.shard is not None and m.shard not in done:
             queue.appendleft(m.shard)
-        self._event("lost", worker=m.name, kind=m.kind, shard=m.shard)
+        self._event("lost", worker=m.name, kind=m.kind, shard=m.shard,
+                    **({"standby": True} if m.standby else {}))
         restart = self.e.preemption.restart if m.doomed else "immediate"
-        if m.kind == RESERVED or restart == "immediate":
+        spare = None if m.standby or m.kind == RESERVED else next(
+            (o for o in self.members if o.standby and o.node_id not in self._dead_nodes), None)
+        if spare is not None:
+            spare.standby = False  # joined before it was needed: serves at once
+            self._event("promote", worker=spare.name, replaces=m.name)
+        if m.standby or spare is not None:
+            self._refill += restart != "never"
+        elif m.kind == RESERVED or restart == "immediate":
             self._wanted[m.kind] += 1
         elif restart == "next_iteration":
             self._deferred[m.kind] += 1
@@ -368,7 +394,7 @@ class ElasticRolloutPool:
         calls: collections.Counter = collections.Counter()
         state = dict(initial_state) if initial_state is not None else None
         seconds = {RESERVED: [], PREEMPTIBLE: []}
-        live = lambda: [m for m in self.members if not m.doomed]  # noqa: E731
+        live = lambda: [m for m in self.members if not m.doomed and not m.standby]  # noqa: E731
         planned = self.planner.planned_share(sum(m.kind == RESERVED for m in live()),
                                              sum(m.kind == PREEMPTIBLE for m in live()), self.num_shards)
         dispatch, t_start, stalled_since = 0, time.monotonic(), None
@@ -450,6 +476,9 @@ class ElasticRolloutPool:
                 self._idle_wait(now)
         for m in self.members:
             m.kill_at = None  # a kill armed for a shard that already finished is dropped
+        self._standby_wanted += self._refill  # spares used up start now, not during the rollout
+        self._refill = 0
+        self._spawn_wanted()
         for kind, s in seconds.items():
             self.planner.observe(kind, s)
         return self._result(iteration, done, placed, planned, first_event, time.monotonic() - t_start)
@@ -492,7 +521,9 @@ class ElasticRolloutPool:
             "elastic/reserved_share": reserved / self.num_shards,
             "elastic/planned_reserved_share": planned,
             "elastic/workers_reserved": float(sum(m.kind == RESERVED for m in self.members)),
-            "elastic/workers_preemptible": float(sum(m.kind == PREEMPTIBLE for m in self.members)),
+            "elastic/workers_preemptible": float(sum(m.kind == PREEMPTIBLE and not m.standby
+                                                     for m in self.members)),
+            "elastic/workers_standby": float(sum(m.standby for m in self.members)),
             "elastic/rollout_wall_s": wall,
         }
         return RolloutResult(parts, [done[s]["stats"] for s in order], metrics, record)
@@ -503,7 +534,7 @@ class ElasticRolloutPool:
 
     def shutdown(self) -> None:
         """Stop every worker (and the ones still starting)."""
-        for *_, fut in self._joining:
+        for *_, fut, _standby in self._joining:
             try:
                 fut.result(timeout=self.e.join_timeout_s).shutdown()
             except Exception:  # noqa: BLE001 - it failed to start anyway
