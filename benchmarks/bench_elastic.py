@@ -22,7 +22,9 @@ Prints one JSON line last:
     join_first_request_s         a replacement worker: spawn -> ready -> its first shard served
                                  (ready time + first shard's duration)
     join_ready_s                 spawn -> process, envs, policy and current weights ready
-    recovery_s                   kill -> the killed worker's shard finished elsewhere
+    recovery_s                   an unannounced SIGKILL of a worker's process mid-shard -> its
+                                 shard finished elsewhere (breakdown.preemption.detect_s: -> the
+                                 pool knew, from Ray's death report)
     breakdown                    per setting: rollout wall, shard seconds, reserved share
     reasoning                    the reasoning workflow's elastic generation (tiny Qwen2 from
                                  config, every generated token costs ``token_cost_s`` of sleep):
@@ -169,15 +171,34 @@ def measure_throughput(cfg, spec, store_name, iterations: int) -> dict:
     return out
 
 
-def measure_preemption(cfg, spec, store_name) -> dict:
-    """Iteration 1 kills the first preemptible worker as soon as it has a shard (its shard is
-    re-run elsewhere); the replacement starts at once and serves its first shard in iteration 2."""
+def measure_preemption(cfg, spec, store_name, shard_s: float) -> dict:
+    """Iteration 1 SIGKILLs the first preemptible worker's process halfway through a shard,
+    unannounced: the pool learns of it as of a real preemption (the call fails), so
+    ``detect_s`` is Ray's death report; the shard is re-run elsewhere, the replacement starts
+    at once and serves its first shard in iteration 2."""
+    import os
+    import signal
+    import threading
+
+    from rlinf_embodied.elastic.offload import PREEMPTIBLE
     from rlinf_embodied.elastic.pool import ElasticRolloutPool
 
     pool = ElasticRolloutPool(cfg, spec, store_name)
+    kill = {}
     try:
         pool.start()
         pool.collect(0, 0)
+        victim = next(m for m in pool.members if m.kind == PREEMPTIBLE)
+        pid = victim.group.on([0])._rt_ping().wait()[0]
+
+        def killer():
+            while victim.handle is None:
+                time.sleep(0.002)
+            time.sleep(shard_s / 2)
+            kill["t"] = pool.clock()
+            os.kill(pid, signal.SIGKILL)
+
+        threading.Thread(target=killer, daemon=True).start()
         res = pool.collect(1, 0)
         t_wait = time.monotonic()
         pool.wait_for_joins()  # the replacement (joins mid-iteration when rollouts are longer)
@@ -186,8 +207,7 @@ def measure_preemption(cfg, spec, store_name) -> dict:
     finally:
         pool.shutdown()
     ev = res.record["events"]
-    kill = next(e for e in ev if e["event"] == "preempt")
-    lost = next(e for e in ev if e["event"] == "lost")
+    lost = next(e for e in ev if e["event"] == "lost" and e["worker"] == victim.name)
     redone = next(s for s in res.record["shards"] if s["shard"] == lost["shard"])
     join = [e for e in pool.events if e["event"] == "join" and e["t"] > kill["t"]][0]
     first = min((s for s in res2.record["shards"] if s["worker"] == join["worker"]),
@@ -332,10 +352,9 @@ def main() -> None:
                    for k in ("plus_2_preempted", "plus_2_preempted_no_standby"))
         for v in out.values():
             del v["episodes"]
-        pre = job(1, shards, shard_envs, steps, sleep_s, [
-            "elastic.wait_for_joins=false", "elastic.preemption.mode=schedule",
-            "elastic.preemption.schedule=[{iteration: 1, dispatch: 0}]"])
-        rec = measure_preemption(pre, spec, "bench-weights")
+        rec = measure_preemption(job(1, shards, shard_envs, steps, sleep_s,
+                                     ["elastic.wait_for_joins=false"]), spec, "bench-weights",
+                                 steps * shard_envs * sleep_s)
         reasoning = bench_reasoning(args.quick)
     finally:
         ray.shutdown()

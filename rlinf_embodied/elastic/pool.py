@@ -308,7 +308,7 @@ class ElasticRolloutPool:
             if info is None or not raylet_gone(info):
                 continue
             self._dead_nodes.add(node_id)
-            self._event("node_lost", node=node_id)
+            self._event("node_lost", node=node_id, at=time.time())  # wall clock: vs the kill
             for m in [o for o in self.members if o.node_id == node_id]:
                 self._lost(m, queue, done)
             lost = True
@@ -359,8 +359,12 @@ class ElasticRolloutPool:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    def clock(self) -> float:
+        """Seconds on the events' clock (``t`` of :attr:`events`: since the pool was made)."""
+        return time.monotonic() - self._t0
+
     def _event(self, what: str, **kw) -> None:
-        self.events.append({"event": what, "t": round(time.monotonic() - self._t0, 4), **kw})
+        self.events.append({"event": what, "t": round(self.clock(), 4), **kw})
 
     # -- one iteration ----------------------------------------------------------------------
     def collect(self, iteration: int, version: int,

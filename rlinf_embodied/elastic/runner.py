@@ -12,7 +12,7 @@ import dataclasses
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.config import JobConfig
@@ -22,7 +22,7 @@ from rlinf_embodied.runtime import PerRank
 from rlinf_embodied.workers.actor_worker import ActorWorker
 from rlinf_embodied.workers.common import cat_env_axis
 
-__all__ = ["ElasticActorWorker", "ElasticEmbodiedRunner", "ElasticGroups"]
+__all__ = ["ElasticActorWorker", "ElasticEmbodiedRunner", "ElasticGroups", "load_records", "loss_note"]
 
 
 class ElasticActorWorker(ActorWorker):
@@ -107,12 +107,33 @@ class ElasticEmbodiedRunner(EmbodiedRunner):
         m["time/rollout_s"] = time.perf_counter() - t0
         m["time/env_step_s"] = max(s["env_time_s"] for s in res.stats)
         m.update(res.metrics)
+        note = loss_note(it, res.record["events"], res.metrics)
+        if note:
+            print(note, flush=True)
         if self.cfg.elastic.records:
             atomic_write_json(self.run_dir / "elastic" / f"iter_{it:06d}.json", res.record)
         t0 = time.perf_counter()
         tm = g.actor.train_parts(it, PerRank(res.parts)).wait()
         m["time/train_s"] = time.perf_counter() - t0
         return res.stats, tm
+
+
+def loss_note(it: int, events: List[dict], metrics: Dict[str, float]) -> Optional[str]:
+    """The console line of an iteration that lost elastic workers (None if none was lost):
+    which, how many shards ran again, what serves now."""
+    lost = [e for e in events if e["event"] == "lost"]
+    if not lost:
+        return None
+    nodes = sorted({e["node"][:8] for e in events if e["event"] == "node_lost"})
+    shards = sum(e["shard"] is not None for e in lost)
+    promoted = sum(e["event"] == "promote" for e in events)
+    return (f"elastic: iteration {it + 1} lost {len(lost)} worker(s) "
+            f"({', '.join(e['worker'] for e in lost)})"
+            + (f" with node(s) {', '.join(nodes)}" if nodes else "")
+            + f"; {shards} shard(s) ran again on the others"
+            + (f", {promoted} spare(s) took over" if promoted else "")
+            + f"; {metrics['elastic/workers_reserved']:.0f} reserved and "
+            f"{metrics['elastic/workers_preemptible']:.0f} preemptible worker(s) serve now")
 
 
 def load_records(run_dir: Path) -> List[dict]:

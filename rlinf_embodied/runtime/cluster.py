@@ -231,11 +231,16 @@ def attach_hint(exc: BaseException, address: str | None) -> str | None:
     """What to do when attaching to ``address`` failed with ``exc``, or None when there is
     nothing to add: Ray's token authentication (on by default for ``ray start --head`` since
     Ray 2.5x) needs ``RAY_AUTH_MODE=token`` and the head's token in the driver's environment."""
-    text = f"{type(exc).__name__}: {exc}"
-    if "auth" not in text.lower() and "token" not in text.lower():
+    chain, e = [], exc
+    while e is not None and len(chain) < 5:  # Ray wraps the AuthenticationError in others
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    lines = [ln.strip() for e in chain for ln in str(e).splitlines()]
+    text = next((ln for ln in lines if "InvalidAuthToken" in ln or "AuthenticationError" in ln), None)
+    if text is None:
         return None
     mode = os.environ.get("RAY_AUTH_MODE")
-    return (f"cannot attach to the Ray cluster at {address}: {text.splitlines()[0]}. The head "
+    return (f"cannot attach to the Ray cluster at {address}: {text[:200]}. The head "
             f"uses token authentication: set RAY_AUTH_MODE=token (now "
             f"{mode if mode is not None else 'unset'}) and make the head's token available "
             f"(copy its ~/.ray/auth_token here, or set RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "

@@ -18,6 +18,7 @@ import time
 from typing import Iterable, NamedTuple, Sequence
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 _SERVICE_NAME = "rlinf_device_lock"
 
@@ -168,8 +169,13 @@ class DeviceLock:
         """The lock service of this Ray namespace, created (owned by the caller) if absent."""
         # Detached: the service must outlive whichever process created it first (a worker may
         # connect before the driver does); it ends with the Ray cluster or its namespace's jobs.
+        # On the creator's node (the driver's, normally; hard: a soft affinity may spill to
+        # another node): Ray's default could put it on any node, and losing that node would
+        # take every group's device locks with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         actor = _ServiceActor.options(
-            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096, lifetime="detached"
+            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096, lifetime="detached",
+            scheduling_strategy=here,
         ).remote()
         return cls(actor)
 

@@ -28,35 +28,43 @@ PORT_KEYS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen
              "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
 
 
-def _free_ports(n: int) -> List[int]:
-    socks = []
+def _free_ports(n: int, used: set) -> List[int]:
+    """``n`` ports free now and not in ``used`` (added to it)."""
+    socks, out = [], []
     try:
-        for _ in range(n):
+        while len(out) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("", 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if s.getsockname()[1] not in used:
+                out.append(s.getsockname()[1])
     finally:
         for s in socks:
             s.close()
+    used.update(out)
+    return out
 
 
-def _free_range(width: int) -> int:
-    """First port of ``width`` consecutive ports that are free now (worker port range)."""
+def _free_range(width: int, used: set) -> int:
+    """First port of ``width`` consecutive ports free now and not in ``used`` (added to it):
+    a node's worker port range, which must not overlap another node's ports."""
     for _ in range(200):
         first = 20000 + secrets.randbelow(30000)
+        if used & set(range(first, first + width)):
+            continue
+        socks = []
         try:
-            socks = []
             for p in range(first, first + width):
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 socks.append(s)
                 s.bind(("", p))
-            return first
         except OSError:
             continue
         finally:
             for s in socks:
                 s.close()
+        used.update(range(first, first + width))
+        return first
     raise RuntimeError("no free port range")
 
 
@@ -95,7 +103,8 @@ class RayCliCluster:
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self.env.pop("RAY_ADDRESS", None)
         self.timeout, self.retries = start_timeout_s, start_retries
-        self.gcs_port = _free_ports(1)[0]
+        self._used: set = set()  # ports handed out: no two raylets share one
+        self.gcs_port = _free_ports(1, self._used)[0]
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.nodes: Dict[str, dict] = {}  # name -> {"dir", "ports", "resources", "cpus"}
         self._serial = self._starts = 0
@@ -121,20 +130,21 @@ class RayCliCluster:
                 if attempt == self.retries:
                     raise
                 if head:
-                    self.gcs_port = _free_ports(1)[0]
+                    self.gcs_port = _free_ports(1, self._used)[0]
                     self.address = f"127.0.0.1:{self.gcs_port}"
                 time.sleep(2.0)
 
     def _start_once(self, name, cpus, resources, head, system_config, node_dir: Path) -> None:
         node_dir.mkdir(exist_ok=True)
-        ports = dict(zip(PORT_KEYS, _free_ports(len(PORT_KEYS))))
-        first = _free_range(40)
+        ports = dict(zip(PORT_KEYS, _free_ports(len(PORT_KEYS), self._used)))
+        first = _free_range(40, self._used)
         cmd = [RAY, "start", f"--num-cpus={cpus}", f"--temp-dir={node_dir}",
                "--disable-usage-stats", f"--min-worker-port={first}", f"--max-worker-port={first + 39}",
                *(f"--{k}={v}" for k, v in ports.items())]
         if head:
             cmd += ["--head", f"--port={self.gcs_port}", "--include-dashboard=false",
-                    f"--ray-client-server-port={_free_ports(1)[0]}", f"--dashboard-port={_free_ports(1)[0]}",
+                    f"--ray-client-server-port={_free_ports(1, self._used)[0]}",
+                    f"--dashboard-port={_free_ports(1, self._used)[0]}",
                     "--node-ip-address=127.0.0.1"]
             if system_config:
                 cmd.append(f"--system-config={json.dumps(system_config)}")

@@ -122,7 +122,7 @@ def clean(cluster, root):
 
 
 @pytest.mark.slow
-def test_doctor_attaches_and_lists_reserved_and_preemptible_nodes(cluster):
+def test_doctor_and_plan_list_reserved_and_preemptible_nodes(cluster, root):
     args = [CLI, "doctor", f"cluster.address={cluster.address}", "--json"]
     ok = subprocess.run(args, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=300)
     check = next(c for c in json.loads(ok.stdout)["checks"] if c["name"] == "cluster")
@@ -136,6 +136,12 @@ def test_doctor_attaches_and_lists_reserved_and_preemptible_nodes(cluster):
     check = next(c for c in json.loads(bad.stdout)["checks"] if c["name"] == "cluster")
     assert bad.returncode == 1 and check["status"] == "fail"
     assert "RAY_AUTH_MODE=token" in check["fix"] and "auth_token" in check["fix"]
+    plan = subprocess.run([CLI, "plan", str(job(root, cluster, "plan"))], cwd=ROOT, env=cluster.env,
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert f"Nodes ({cluster.address}): 2 devices on 2 reserved node(s), 1 preemptible node(s)" in plan.stdout
+    assert plan.stdout.count("  reserved ") == 2 and "Devices: 2" in plan.stdout
+    assert "no placed groups, elastic workers only" in plan.stdout
 
 
 @pytest.mark.slow
@@ -187,6 +193,7 @@ def test_preemptible_node_loss_loses_and_repeats_no_episode(cluster, root, clean
 
     def kill():  # mid-iteration 2
         time.sleep(0.3)
+        killed["wall"] = time.time()
         killed["t"] = cluster.kill_raylet("spot")
 
     text = train(cluster, [str(job(root, cluster, "spot_kill"))], root / "spot_kill.log",
@@ -201,7 +208,10 @@ def test_preemptible_node_loss_loses_and_repeats_no_episode(cluster, root, clean
         assert len(keys) == len(set(keys)) and collections.Counter(e["env"] for e in rec["episodes"])
         assert rec["episodes"] == ref["episodes"]  # nothing lost, nothing twice, re-runs identical
     events = [e for rec in records for e in rec["events"]]
-    assert any(e["event"] == "node_lost" for e in events), events  # found by the driver's probe
+    (lost,) = [e for e in events if e["event"] == "node_lost"]  # found by the driver's probe
+    detect = lost["at"] - killed["wall"]
+    print(f"preemptible node's raylet killed; the pool knew after {detect:.2f} s")
+    assert 0 < detect < 10, detect
     a, b = last_per_iteration(run_dir), last_per_iteration(clean[0])
     for it in a:
         assert {k: v for k, v in a[it].items() if k.startswith("train/")} == \
