@@ -53,6 +53,7 @@ LONG_MAKE = {"demo", "test", "test-all", "bench", "gpu-check", "setup"}
 EXTERNAL = {
     ".venv/bin/ray": "Ray's CLI: starting a multi-node cluster (docs/elastic.md)",
     "scp": "copying the head's Ray token to the other machines (docs/elastic.md)",
+    "mkdir": "making the folder the copied Ray token goes to (docs/elastic.md)",
     ".venv/bin/tensorboard": "viewing a run's TensorBoard logs",
     ".venv/bin/pip": "installing a user's own package",
     "apt-get": "the one system step before `make setup` on a bare Debian 12",

@@ -96,12 +96,13 @@ class Cluster:
 
     def refresh(self, exclude: Sequence[str] = ()) -> None:
         """Number the devices again from the nodes alive now, leaving out the node ids in
-        ``exclude`` (nodes known to be gone that Ray still lists as alive).
+        ``exclude`` and nodes whose raylet is gone (:func:`raylet_gone`) while Ray still lists
+        them as alive (for about 15 s after a node dies).
 
         Raises:
             RuntimeError: If no reserved node is alive.
         """
-        nodes = [n for n in _alive_nodes() if n["NodeID"] not in set(exclude)]
+        nodes = [n for n in _alive_nodes() if n["NodeID"] not in set(exclude) and not raylet_gone(n)]
         self.preemptible_nodes = [n for n in nodes if is_preemptible(n, self.preemptible_resource)]
         """Alive nodes that advertise ``preemptible_resource`` (``ray.nodes()`` entries): no
         device ids, elastic workers only."""
