@@ -332,8 +332,10 @@ def train(
 
     Exits 0 when the run ends (all iterations, trainer.max_time_s, or a finished run resumed),
     130 after Ctrl-C or SIGTERM (the current iteration finishes and a checkpoint is saved, for
-    a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
-    The last lines always say which checkpoint holds the run.
+    a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when the
+    run is lost (a worker's error, or a lost rank or node after trainer.max_restarts restarts
+    from the last checkpoint, or with no capacity left). The last lines always say which
+    checkpoint holds the run.
     """
     from rlinf_embodied.config import ConfigError, check_repeated_overrides, load_config
     from rlinf_embodied.reasoning.config import is_reasoning_job

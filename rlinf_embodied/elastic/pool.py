@@ -215,21 +215,21 @@ class ElasticRolloutPool:
         return [n for n in alive if n["Resources"].get(self.e.preemptible_resource, 0) > 0]
 
     def _spawn_wanted(self) -> None:
-        for kind in (RESERVED, PREEMPTIBLE):
-            while self._wanted[kind] > 0:
+        """Start the workers (then the spares) wanted, each on the least loaded node that may
+        take it; with no such node they are retried on every tick (the node may come back)."""
+        for kind, standby in ((RESERVED, False), (PREEMPTIBLE, False), (PREEMPTIBLE, True)):
+            while (self._standby_wanted if standby else self._wanted[kind]) > 0:
                 nodes = self._nodes_for(kind)
                 if not nodes:
-                    break  # no capacity now: retried on every tick (the node may come back)
+                    break
                 load = collections.Counter(m.node_id for m in self.members)
                 load.update(j[2] for j in self._joining)
                 node = min(nodes, key=lambda n: (load[n["NodeID"]], n["NodeID"]))
-                self._spawn(kind, node, load[node["NodeID"]])
-                self._wanted[kind] -= 1
-        while self._standby_wanted > 0 and self._nodes_for(PREEMPTIBLE):
-            node = self._nodes_for(PREEMPTIBLE)[0]
-            self._spawn(PREEMPTIBLE, node, sum(m.node_id == node["NodeID"] for m in self.members),
-                        standby=True)
-            self._standby_wanted -= 1
+                self._spawn(kind, node, load[node["NodeID"]], standby)
+                if standby:
+                    self._standby_wanted -= 1
+                else:
+                    self._wanted[kind] -= 1
 
     def _spawn(self, kind: str, node: dict, index_on_node: int, standby: bool = False) -> None:
         gpus = int(node["Resources"].get(RAY_GPU_RESOURCE, 0))
