@@ -62,6 +62,7 @@ def test_preemptible_nodes_get_no_device_ids_and_placement_errors_name_the_nodes
     spot = {**real[0], "NodeID": "f" * 56, "NodeManagerAddress": "10.0.0.9",
             "Resources": {"CPU": 8.0, "preemptible": 1.0}}
     monkeypatch.setattr(mod, "_alive_nodes", lambda: real + [spot])
+    monkeypatch.setattr(mod, "raylet_gone", lambda node, timeout=0.2: False)  # 10.0.0.9 is fake
     c = Cluster(num_cpu_devices=1, preemptible_resource="preemptible")
     assert c.num_devices == 1 and c.preemptible_nodes == [spot]
     text = c.describe()
@@ -77,3 +78,19 @@ def test_preemptible_nodes_get_no_device_ids_and_placement_errors_name_the_nodes
     assert msg.endswith("preemptible nodes, which take no placed group: 10.0.0.9 (ffffffff))")
     # without a preemptible resource every node is reserved
     assert Cluster(num_cpu_devices=1, preemptible_resource="").num_devices == 2
+
+
+def test_raylet_gone_only_when_its_port_refuses():
+    """The driver's node-loss probe: a refused node-manager port is a dead raylet; a listening
+    one, or a node entry it cannot read, is not taken as gone."""
+    import socket
+
+    from rlinf_embodied.runtime.cluster import raylet_gone
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        node = {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": s.getsockname()[1]}
+        assert not raylet_gone(node)
+    assert raylet_gone(node)  # closed now: refused
+    assert not raylet_gone({"NodeManagerAddress": "127.0.0.1"})
