@@ -128,11 +128,26 @@ def _is_sft_pipeline(path: str) -> bool:
 
 
 @app.command()
-def doctor(json_output: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Check Python, torch, Ray, SAPIEN/MuJoCo rendering, LIBERO assets and version pins."""
+def doctor(
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="cluster.address=HOST:PORT (or auto): also attach to that Ray cluster and list "
+        "its nodes; elastic.preemptible_resource=NAME: the resource marking preemptible nodes"),
+    json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Check Python, torch, Ray, SAPIEN/MuJoCo rendering, LIBERO assets and version pins, and
+    with cluster.address=... that this machine can attach to the cluster."""
+    from rlinf_embodied.config import ConfigError, load_config
     from rlinf_embodied.doctor import format_checks, run_checks
 
-    results = run_checks()
+    allowed = ("cluster.address", "elastic.preemptible_resource")
+    bad = [o for o in overrides or [] if o.split("=", 1)[0] not in allowed]
+    if bad:
+        _fail(f"doctor takes only {' and '.join(f'{k}=...' for k in allowed)} (got {bad}).")
+    try:
+        cfg = load_config(None, list(overrides or []))
+    except ConfigError as e:
+        _fail(str(e))
+    results = run_checks(cfg.cluster.address, cfg.elastic.preemptible_resource)
     typer.echo(format_checks(results, as_json=json_output))
     if any(c.failed for c in results):
         raise typer.Exit(1)
@@ -152,7 +167,8 @@ def _fresh_run_dir(path: Path) -> Path:
 # Settings that may change on --resume without changing what an uninterrupted run would do
 # (where the run lives may not change at all: _resume_config refuses run.name/dir/output_dir).
 _RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
-                "trainer.save_every", "trainer.keep_checkpoints", "logging.", "eval.num_videos")
+                "trainer.save_every", "trainer.keep_checkpoints", "trainer.max_restarts",
+                "trainer.restart_wait_s", "logging.", "eval.num_videos")
 
 
 def _self_command() -> str:
@@ -272,12 +288,24 @@ def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
                       ", nothing was saved."))
         return
     st = runner.state
-    typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps; results in "
-               f"{run_dir}")
+    restarts = getattr(runner, "restarts", 0)
+    typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps"
+               + (f", {restarts} restart(s)" if restarts else "") + f"; results in {run_dir}")
+    if saved is not None and not saved.exists():  # rotated away meanwhile: say what is there
+        from rlinf_embodied.checkpoint import latest_checkpoint
+
+        saved = latest_checkpoint(run_dir)
     if saved is None:
-        why = ("it stopped before its first iteration ended" if runner.cfg.trainer.save_every else
-               "trainer.save_every=0 saves none, except on Ctrl-C; pass trainer.save_every=N to "
-               "save every N iterations and at the end")
+        every, done = runner.cfg.trainer.save_every, st["iteration"]
+        if done == 0:
+            why = "it stopped before its first iteration ended"
+        elif not every:
+            why = ("trainer.save_every=0 saves none, except on Ctrl-C; pass trainer.save_every=N "
+                   "to save every N iterations and at the end")
+        else:
+            why = (f"trainer.save_every={every}: the first checkpoint was due after iteration "
+                   f"{every} and the run stopped after {done}; pass a smaller "
+                   f"trainer.save_every to lose less")
         typer.echo(f"no checkpoint was saved, so the run cannot be resumed ({why}).")
         return
     it = saved.name.removeprefix("iter_").lstrip("0") or "0"
@@ -304,8 +332,10 @@ def train(
 
     Exits 0 when the run ends (all iterations, trainer.max_time_s, or a finished run resumed),
     130 after Ctrl-C or SIGTERM (the current iteration finishes and a checkpoint is saved, for
-    a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when a worker fails.
-    The last lines always say which checkpoint holds the run.
+    a reasoning job the model in RUN_DIR/model; a second Ctrl-C aborts without saving), 2 for a configuration error, 1 when the
+    run is lost (a worker's error, or a lost rank or node after trainer.max_restarts restarts
+    from the last checkpoint, or with no capacity left). The last lines always say which
+    checkpoint holds the run.
     """
     from rlinf_embodied.config import ConfigError, check_repeated_overrides, load_config
     from rlinf_embodied.reasoning.config import is_reasoning_job
@@ -365,8 +395,6 @@ def train(
             extra = {"signals": signals, "checkpoint": ckpt}
             if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
                 from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
-
-                extra = {}  # its own signature; it installs its own StopSignals in run()
             typer.echo(f"run directory: {run_dir}")
             runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume), **extra)
         except typer.Exit:

@@ -15,7 +15,7 @@ from rlinf_embodied.scheduler.auto import (
 from rlinf_embodied.scheduler.cost_model import CostModel, Temporal, describe
 from rlinf_embodied.scheduler.planner import report_json, report_text
 
-__all__ = ["plan_command", "reasoning_plan_command", "shared_cores_note"]
+__all__ = ["capacity", "plan_command", "reasoning_plan_command", "shared_cores_note"]
 
 
 def _default_devices(cfg) -> int:
@@ -81,7 +81,8 @@ def plan_command(
     if is_reasoning_job(config_path):
         return reasoning_plan_command(config_path, devices, as_json, overrides)
     cfg = load_config(config_path, overrides)
-    n = devices if devices is not None else _default_devices(cfg)
+    nodes, reserved = capacity(cfg)
+    n = devices if devices is not None else (reserved or _default_devices(cfg))
     profile = profile_for_config(cfg, cfg.run.run_dir())
     result = plan_config(cfg, n, profile)
     g = graph_from_config(cfg)
@@ -93,7 +94,8 @@ def plan_command(
     }
     configured = _configured(cfg, n, profile)
     if as_json:
-        extra = {"config": str(config_path), "workload": workload, "configured": configured}
+        extra = {"config": str(config_path), "workload": workload, "configured": configured,
+                 "nodes": nodes}
         return report_json(result, extra) + "\n"
     header = [
         f"Plan for {config_path}",
@@ -108,10 +110,43 @@ def plan_command(
             + (", offload at every switch)" if configured["offload"] else ")")
             + (f"; train refuses it here: {configured['refused']}" if configured["refused"] else "")
         )
+    header += [line["text"] for line in nodes]
     note = shared_cores_note(n)
     if note:
         header.append(note)
     return report_text(result, header)
+
+
+def capacity(cfg) -> tuple[list[dict], int | None]:
+    """Which nodes are reserved (placed groups, device ids) and which preemptible (only
+    elastic workers): with ``cfg.cluster.address`` the attached cluster's nodes
+    (:class:`~rlinf_embodied.runtime.Cluster`), else this machine.
+
+    Returns:
+        ``([{"kind", "text", ...}], reserved devices or None without a cluster)``.
+    """
+    e = cfg.elastic
+    res = e.preemptible_resource
+    elastic = ([{"kind": "elastic", "text": (
+        f"Elastic rollout: {e.reserved_workers} reserved worker(s) on the driver's node, "
+        f"{e.preemptible_workers} preemptible on nodes advertising {res!r}"
+        if res else f"Elastic rollout: {e.reserved_workers} reserved and {e.preemptible_workers} "
+        f"preemptible worker(s), all on the driver's node (elastic.preemptible_resource is empty)")}]
+        if e.enabled else [])
+    if cfg.cluster.address is None:
+        return [{"kind": "reserved", "text": "Nodes: this machine (reserved: every placed group "
+                 "runs on it; pass cluster.address=... to list a cluster's nodes)"}] + elastic, None
+    from rlinf_embodied.runtime import Cluster
+
+    cluster = Cluster(cfg.cluster.address, num_cpu_devices=cfg.cluster.num_cpu_devices,
+                      log_to_driver=False, preemptible_resource=res)
+    try:
+        lines = cluster.describe().splitlines()
+        nodes = [{"kind": "cluster", "text": f"Nodes ({cfg.cluster.address}): " + lines[0].removeprefix("cluster: ")}]
+        nodes += [{"kind": ln.split()[0], "text": "  " + ln.strip()} for ln in lines[1:]]
+        return nodes + elastic, cluster.num_devices
+    finally:
+        cluster.shutdown()
 
 
 def _refusal(cfg, placement, devices: int) -> str | None:

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -305,6 +306,93 @@ def check_gpu_render_mapping() -> Check:
     )
 
 
+_CLUSTER_PROBE = """
+import json, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR", namespace="rlinf_doctor")
+keys = ("NodeID", "NodeManagerAddress", "Alive", "Resources")
+print("NODES " + json.dumps({"here": ray.get_runtime_context().get_node_id(),
+                             "nodes": [{k: n.get(k) for k in keys} for n in ray.nodes()]}))
+ray.shutdown()
+"""
+_AUTH_MARKS = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError",
+               "no authentication token")
+TOKEN_FIX = ("The cluster uses Ray's token authentication: `export RAY_AUTH_MODE=token` and make "
+             "the head's token available here (copy the head's ~/.ray/auth_token, or set "
+             "RAY_AUTH_TOKEN_PATH=FILE or RAY_AUTH_TOKEN); see docs/elastic.md.")
+
+
+def _resources(res: dict) -> str:
+    out = []
+    for k, v in sorted(res.items()):
+        if k.startswith("node:") or k == "object_store_memory":
+            continue
+        out.append(f"{k} {v / 2**30:.1f} GiB" if k == "memory" else f"{k} {v:g}")
+    return ", ".join(out)
+
+
+def check_cluster(address: str, preemptible_resource: str = "preemptible",
+                  timeout_s: float = PROBE_TIMEOUT_S) -> Check:
+    """Attach to the Ray cluster at ``address`` (in a subprocess, as a training driver would)
+    and list its nodes: reserved ones (placed groups) and those advertising
+    ``preemptible_resource`` (elastic workers only), with their resources. A refused port, a
+    missing or wrong authentication token and a timeout each get their fix."""
+    import socket
+    import threading
+
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "://" not in address:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as e:
+            return Check("cluster", "fail", True, f"cannot reach {address}: {e}",
+                         f"Start the head there (`ray start --head --port={port}`) or fix "
+                         f"cluster.address.")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-c", _CLUSTER_PROBE, address], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    err: List[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(m in line for line in err for m in _AUTH_MARKS):
+            break  # Ray retries a rejected token for a minute: the answer is known now
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    out = proc.communicate()[0]
+    reader.join(timeout=2)
+    text = "".join(err)
+    line = next((ln for ln in out.splitlines() if ln.startswith("NODES ")), None)
+    if line is None:
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        if any(m in text for m in _AUTH_MARKS):
+            return Check("cluster", "fail", True, f"{address} refused this driver's "
+                         f"authentication (RAY_AUTH_MODE={mode})", TOKEN_FIX)
+        why = _last_line(text) or f"no answer within {timeout_s:g} s"
+        return Check("cluster", "fail", True, f"cannot attach to {address}: {why[:300]}",
+                     "Check `ray status` on the head; with token authentication: " + TOKEN_FIX)
+    info = json.loads(line[len("NODES "):])
+    alive = [n for n in info["nodes"] if n["Alive"]]
+    rows, reserved = [], 0
+    for n in sorted(alive, key=lambda n: (n["NodeID"] != info["here"], n["NodeManagerAddress"])):
+        pre = bool(preemptible_resource) and n["Resources"].get(preemptible_resource, 0) > 0
+        reserved += not pre
+        rows.append(f"    {n['NodeManagerAddress']} ({n['NodeID'][:8]}) "
+                    f"{'preemptible' if pre else 'reserved   '}  {_resources(n['Resources'])}"
+                    + ("  <- this machine" if n["NodeID"] == info["here"] else ""))
+    dead = len(info["nodes"]) - len(alive)
+    detail = (f"attached to {address}: {len(alive)} node(s) alive"
+              + (f", {dead} dead" if dead else "") + f" ({reserved} reserved; nodes advertising "
+              f"{preemptible_resource!r} take only elastic workers)\n" + "\n".join(rows))
+    if not reserved:
+        return Check("cluster", "fail", True, detail,
+                     f"Every node advertises {preemptible_resource!r}; placed groups need a "
+                     f"reserved node: start one without --resources='{{\"{preemptible_resource}\": ...}}'.")
+    return Check("cluster", "ok", True, detail)
+
+
 CHECKS: List[Callable[[], Check]] = [
     check_python,
     check_torch,
@@ -318,10 +406,14 @@ CHECKS: List[Callable[[], Check]] = [
 ]
 
 
-def run_checks() -> List[Check]:
-    """Run every check, in order. Never raises: a crashing check is reported as a failure."""
+def run_checks(address: Optional[str] = None, preemptible_resource: str = "preemptible") -> List[Check]:
+    """Run every check, in order, and with ``address`` the cluster check
+    (:func:`check_cluster`). Never raises: a crashing check is reported as a failure."""
     results = []
-    for fn in CHECKS:
+    checks = list(CHECKS)
+    if address:
+        checks.append(lambda: check_cluster(address, preemptible_resource))
+    for fn in checks:
         try:
             results.append(fn())
         except Exception as e:  # noqa: BLE001

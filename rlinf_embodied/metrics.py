@@ -82,6 +82,19 @@ class MetricLogger:
         if self.console:
             self._print(rec)
 
+    def event(self, name: str, step: int, iteration: int, **fields) -> None:
+        """Write a non-metric record (e.g. a restart) to ``metrics.jsonl`` as
+        ``{"event": name, "iteration", "env_steps", "time_s", **fields}``; readers of the
+        history skip rows with an ``event`` key. Numeric fields also go to TensorBoard."""
+        rec = {"event": name, "iteration": iteration, "env_steps": step,
+               "time_s": time.time() - self._t0, **fields}
+        self._jsonl.write(json.dumps(rec) + "\n")
+        if self._tb is not None:
+            for k, v in fields.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
     def _print(self, rec: dict) -> None:
         keys = [
             ("rollout/success_once", "succ"),
@@ -114,12 +127,14 @@ class MetricLogger:
         self._jsonl.close()
 
 
-def read_history(run_dir: str | Path) -> List[dict]:
-    """Records of ``run_dir/metrics.jsonl`` (one dict per logged iteration)."""
+def read_history(run_dir: str | Path, events: bool = False) -> List[dict]:
+    """Records of ``run_dir/metrics.jsonl`` (one dict per logged iteration); ``events`` keeps
+    the event rows (restarts) too."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows if events else [r for r in rows if "event" not in r]
 
 
 def plot_curves(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:

@@ -408,14 +408,19 @@ def test_report_without_checkpoint_says_why(capsys):
 
     from rlinf_embodied.cli import _report_saved
 
-    def report(save_every):
+    def report(save_every, iterations=3, how="done"):
         cfg = SimpleNamespace(trainer=SimpleNamespace(save_every=save_every))
-        _report_saved(SimpleNamespace(saved=None, state={"iteration": 3, "env_steps": 300}, cfg=cfg),
-                      Path("runs/x"), "done")
+        _report_saved(SimpleNamespace(saved=None, state={"iteration": iterations, "env_steps": 300},
+                                      cfg=cfg), Path("runs/x"), how)
         return " ".join(capsys.readouterr().out.split())
 
     assert "trainer.save_every=0 saves none, except on Ctrl-C" in report(0)
-    assert "stopped before its first iteration" in report(10)
+    # the issue-37 run: 2 iterations done, the first save due after 10
+    text = report(10, 2, "failed")
+    assert text.startswith("failed: 2 iterations, 300 env steps")
+    assert ("trainer.save_every=10: the first checkpoint was due after iteration 10 and the run "
+            "stopped after 2") in text and "first iteration ended" not in text
+    assert "stopped before its first iteration ended" in report(10, 0, "failed")
 
 
 def test_unwritable_outputs_fail_before_any_env_starts(tmp_path):

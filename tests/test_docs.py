@@ -52,6 +52,8 @@ LONG_MAKE = {"demo", "test", "test-all", "bench", "gpu-check", "setup"}
 # Other tools' commands the docs show, and why; a venv path must exist.
 EXTERNAL = {
     ".venv/bin/ray": "Ray's CLI: starting a multi-node cluster (docs/elastic.md)",
+    "scp": "copying the head's Ray token to the other machines (docs/elastic.md)",
+    "mkdir": "making the folder the copied Ray token goes to (docs/elastic.md)",
     ".venv/bin/tensorboard": "viewing a run's TensorBoard logs",
     ".venv/bin/pip": "installing a user's own package",
     "apt-get": "the one system step before `make setup` on a bare Debian 12",
@@ -383,8 +385,10 @@ def validate_cli(cmd: Command, args: List[str]) -> None:
         cfg = load_sft_config(str(ROOT / config), list(p.get("overrides") or []))
         if name in ("finetune", "sft-rl"):
             rl_job_config(cfg)
-    # eval, eval compare, doctor: the flags parsed; their inputs (a run, results files, the
-    # machine) come from elsewhere.
+    elif name == "doctor":  # its cluster.address=... / elastic.preemptible_resource=... load
+        load_config(None, list(p.get("overrides") or []))
+    # eval, eval compare: the flags parsed; their inputs (a run, results files) come from
+    # elsewhere; doctor's machine and cluster too.
 
 
 def run_cli(cmd: Command, args: List[str]) -> None:

@@ -105,6 +105,11 @@ class ElasticConfig:
     preemptible_resource: str = "preemptible"
     """Ray custom resource marking preemptible nodes (``ray start --resources='{"preemptible":
     1}'``); empty places preemptible workers on the driver's node too (simulation)."""
+    standby_workers: int = 0
+    """Spare preemptible workers, started with the pool (weights pulled, envs built) that take
+    no shard until a preemptible worker is lost: one then takes its place at once, so a
+    preemption costs its lost shard's re-run but no start-up; the spare's own replacement
+    starts when the iteration's rollout ends. They hold memory, not compute."""
     shard_envs: int = 0
     """Envs per shard; 0 picks the largest size up to ``env.num_envs / (reserved_workers +
     preemptible_workers)`` that divides every actor rank's envs (one shard per worker). Set it
@@ -145,10 +150,11 @@ class ElasticConfig:
         if self.chunk_tokens < 1 or self.shard_responses < 0:
             raise ConfigError(f"Set elastic.chunk_tokens >= 1 and elastic.shard_responses >= 0 "
                          f"(got {self.chunk_tokens} and {self.shard_responses}).")
-        if self.preemptible_workers < 0 or self.shard_envs < 0:
+        if min(self.preemptible_workers, self.shard_envs, self.standby_workers) < 0:
             raise ConfigError(
-                f"Set elastic.preemptible_workers and elastic.shard_envs to >= 0 "
-                f"(got {self.preemptible_workers} and {self.shard_envs}).")
+                f"Set elastic.preemptible_workers, elastic.standby_workers and elastic.shard_envs "
+                f"to >= 0 (got {self.preemptible_workers}, {self.standby_workers} and "
+                f"{self.shard_envs}).")
         if not 0.0 < self.throughput_ema <= 1.0:
             raise ConfigError(f"Set elastic.throughput_ema in (0, 1] (got {self.throughput_ema}).")
         if self.max_attempts < 1:

@@ -396,6 +396,16 @@ class TrainerConfig:
     """FSDP CPU offload of parameters, gradients and optimizer state."""
     max_time_s: Optional[float] = None
     """Stop (and checkpoint) after this wall time."""
+    max_restarts: int = 3
+    """Restarts after a rank of the placed groups (env, rollout, actor) or its node is lost:
+    the groups start again on the reserved capacity left (or coming back) and the run goes on
+    from the newest complete checkpoint, running the iterations since it again; the next loss
+    stops the run with the resume command. 0 stops at the first loss (like Ray Train's
+    ``FailureConfig(max_failures)`` and torchrun's ``--max-restarts``)."""
+    restart_wait_s: float = 300.0
+    """Seconds a restart waits for the reserved devices the placement had (a lost node coming
+    back); then it goes on with the devices left if the placement still fits them, else it
+    stops with the resume command."""
     target_success: Optional[float] = None
     """Stop once a periodic evaluation's ``success_once`` reaches this (the task is solved);
     the final checkpoint, evaluation and videos are then of that policy. None trains on."""
@@ -430,6 +440,9 @@ class TrainerConfig:
         if self.keep_checkpoints < 0:
             raise ConfigError(f"trainer.keep_checkpoints must be >= 0, 0 = keep all "
                               f"(got {self.keep_checkpoints}).")
+        if self.max_restarts < 0 or not self.restart_wait_s >= 0:
+            raise ConfigError(f"trainer.max_restarts and trainer.restart_wait_s must be >= 0 "
+                              f"(got {self.max_restarts} and {self.restart_wait_s}).")
         if self.max_time_s is not None and not self.max_time_s > 0:
             raise ConfigError(f"trainer.max_time_s must be > 0 or null (got {self.max_time_s}).")
         if self.target_success is not None and not 0.0 <= self.target_success <= 1.0:

@@ -33,11 +33,14 @@ def _own_ports() -> Dict[str, int]:
 
 
 class LocalMultiNodeCluster:
-    """A head node and ``preemptible_nodes`` worker nodes on this machine; the driver connects.
+    """A head node, ``preemptible_nodes`` preemptible worker nodes and ``reserved_nodes``
+    reserved ones on this machine; the driver connects.
 
     Args:
         head_cpus: Ray CPUs of the head (the reserved node: driver, actor, reserved workers).
         preemptible_nodes: worker nodes to start, each advertising ``resource``.
+        reserved_nodes: worker nodes without it (they get device ids: placed groups may run
+            there, see :class:`~rlinf_embodied.runtime.Cluster`).
         node_cpus: Ray CPUs of each worker node (workers use ``num_cpus=0``; this only sizes
             Ray's own pools).
         resource: custom resource marking the worker nodes (``elastic.preemptible_resource``).
@@ -51,7 +54,7 @@ class LocalMultiNodeCluster:
 
     def __init__(self, head_cpus: int = 2, preemptible_nodes: int = 1, node_cpus: int = 2,
                  resource: str = "preemptible", namespace: str = "rlinf_embodied",
-                 start_retries: int = 2) -> None:
+                 start_retries: int = 2, reserved_nodes: int = 0) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -71,7 +74,10 @@ class LocalMultiNodeCluster:
                     raise
                 time.sleep(1.0)
         self._nodes = {}
+        self.reserved = []
         try:
+            for _ in range(reserved_nodes):
+                self.reserved.append(self._add({}).node_id)
             for _ in range(preemptible_nodes):
                 self.restore_node()
             ray.init(address=self._cluster.address, namespace=namespace, log_to_driver=False)
@@ -86,22 +92,26 @@ class LocalMultiNodeCluster:
         return self._cluster.address
 
     def worker_node_ids(self) -> List[str]:
-        """Node ids of the live worker nodes, in start order."""
+        """Node ids of the live preemptible worker nodes, in start order."""
         return list(self._nodes)
 
-    def restore_node(self) -> str:
-        """Start one worker node (with ``resource``) and wait until it is alive; returns its id."""
+    def _add(self, resources: dict):
         for attempt in range(self.retries + 1):
             try:
-                node = self._cluster.add_node(num_cpus=self.node_cpus, resources={self.resource: 1},
+                node = self._cluster.add_node(num_cpus=self.node_cpus, resources=resources,
                                               **_own_ports())
                 break
             except Exception:  # noqa: BLE001
                 if attempt == self.retries:
                     raise
                 time.sleep(1.0)
-        self._nodes[node.node_id] = node
         self._cluster.wait_for_nodes()
+        return node
+
+    def restore_node(self) -> str:
+        """Start one worker node (with ``resource``) and wait until it is alive; returns its id."""
+        node = self._add({self.resource: 1})
+        self._nodes[node.node_id] = node
         return node.node_id
 
     def kill_node(self, node_id: str) -> None:

@@ -31,6 +31,7 @@ from rlinf_embodied.elastic.offload import PREEMPTIBLE, RESERVED, OffloadPlanner
 from rlinf_embodied.elastic.preemption import PreemptionSimulator
 from rlinf_embodied.elastic.worker import ElasticRolloutWorker
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError, WorkerGroup
+from rlinf_embodied.runtime.cluster import raylet_gone
 from rlinf_embodied.runtime.device import CPU, GPU, RAY_GPU_RESOURCE, Device
 
 __all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult", "UnplacedWorkersWarning"]
@@ -39,8 +40,11 @@ __all__ = ["ElasticRolloutPool", "NodeProvider", "RolloutResult", "UnplacedWorke
 class UnplacedWorkersWarning(UserWarning):
     """Configured preemptible workers have no node to run on (none advertises the resource)."""
 
-IDLE_POLL_S = 0.005
-"""Seconds the dispatch loop sleeps when nothing changed (bounds the added dispatch latency)."""
+IDLE_POLL_S = 0.05
+"""Seconds the dispatch loop waits for a call to finish when nothing changed (a finished or
+failed call wakes it at once; this bounds how late a timed kill or a joined worker is seen)."""
+NODE_PROBE_S = 0.25
+"""Seconds between checks of the members' nodes (a refused raylet port: the node is gone)."""
 
 
 class NodeProvider(Protocol):
@@ -66,7 +70,8 @@ class _Member:
     handle: Any = None
     started: float = 0.0
     kill_at: Optional[float] = None
-    doomed: bool = False  # killed (or its node is): takes no new shard, its death is awaited
+    doomed: bool = False  # killed by the simulator (its restart policy applies)
+    standby: bool = False  # a spare: takes no shard until it replaces a lost preemptible worker
 
 
 @dataclasses.dataclass
@@ -135,9 +140,10 @@ class ElasticRolloutPool:
         self.planner = OffloadPlanner(e.throughput_ema)
         self.sim = PreemptionSimulator(e.preemption, shards)
         self.members: List[_Member] = []
-        self._joining: List[Tuple[str, str, str, float, cf.Future]] = []  # name, kind, node, t, future
+        self._joining: List[Tuple[str, str, str, float, cf.Future, bool]] = []  # name, kind, node, t, future, standby
         self._wanted = collections.Counter({RESERVED: e.reserved_workers, PREEMPTIBLE: e.preemptible_workers})
         self._deferred = collections.Counter()
+        self._standby_wanted, self._refill = e.standby_workers, 0
         self._deferred_nodes = 0
         self._dead_nodes: set = set()
         self._restore_due = 0  # nodes to bring back (target: node); Ray starts them in the main thread
@@ -145,6 +151,9 @@ class ElasticRolloutPool:
         self._serial = itertools.count()
         self._join_failures = 0  # consecutive; past elastic.max_attempts it is a bug, not bad luck
         self._driver_node = ray.get_runtime_context().get_node_id()
+        self._nodes: List[dict] = []
+        self._node_info: Dict[str, dict] = {}
+        self._nodes_at = self._probed_at = -float("inf")
         self.events: List[dict] = []
         self._t0 = time.monotonic()
 
@@ -152,7 +161,7 @@ class ElasticRolloutPool:
     def start(self) -> None:
         """Start the configured workers and wait until the reserved ones (and every preemptible
         one that has a node) are up."""
-        self.wait_for_joins()
+        self.wait_for_joins(standby=True)
         if not any(m.kind == RESERVED for m in self.members):
             raise RuntimeError(f"no reserved elastic worker started within "
                                f"elastic.join_timeout_s={self.e.join_timeout_s}; see the worker logs "
@@ -179,51 +188,65 @@ class ElasticRolloutPool:
             f"preemptible workers and starts the others when such a node joins.",
             UnplacedWorkersWarning, stacklevel=3)
 
-    def wait_for_joins(self) -> None:
-        """Block until the workers being started (and nodes being restored) have joined, for
-        at most ``elastic.join_timeout_s``."""
+    def wait_for_joins(self, standby: bool = False) -> None:
+        """Block until the workers being started (spares too with ``standby``) and nodes being
+        restored have joined, for at most ``elastic.join_timeout_s``."""
         deadline = time.monotonic() + self.e.join_timeout_s
         self._spawn_wanted()
         self._restore_nodes()
-        while self._joining and time.monotonic() < deadline:
+        while any(standby or not j[5] for j in self._joining) and time.monotonic() < deadline:
             self._reap_joins()
             self._spawn_wanted()
             time.sleep(0.02)
 
+    def _alive_nodes(self) -> List[dict]:
+        """Ray's alive nodes, asked at most every :data:`NODE_PROBE_S` (a GCS round trip)."""
+        now = time.monotonic()
+        if now - self._nodes_at >= NODE_PROBE_S:
+            self._nodes = [n for n in ray.nodes() if n.get("Alive")]
+            self._node_info.update({n["NodeID"]: n for n in self._nodes})
+            self._nodes_at = now
+        return [n for n in self._nodes if n["NodeID"] not in self._dead_nodes]
+
     def _nodes_for(self, kind: str) -> List[dict]:
-        alive = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self._dead_nodes]
+        alive = self._alive_nodes()
         if kind == RESERVED or not self.e.preemptible_resource:
             return [n for n in alive if n["NodeID"] == self._driver_node]
         return [n for n in alive if n["Resources"].get(self.e.preemptible_resource, 0) > 0]
 
     def _spawn_wanted(self) -> None:
-        for kind in (RESERVED, PREEMPTIBLE):
-            while self._wanted[kind] > 0:
+        """Start the workers (then the spares) wanted, each on the least loaded node that may
+        take it; with no such node they are retried on every tick (the node may come back)."""
+        for kind, standby in ((RESERVED, False), (PREEMPTIBLE, False), (PREEMPTIBLE, True)):
+            while (self._standby_wanted if standby else self._wanted[kind]) > 0:
                 nodes = self._nodes_for(kind)
                 if not nodes:
-                    break  # no capacity now: retried on every tick (the node may come back)
+                    break
                 load = collections.Counter(m.node_id for m in self.members)
                 load.update(j[2] for j in self._joining)
                 node = min(nodes, key=lambda n: (load[n["NodeID"]], n["NodeID"]))
-                self._spawn(kind, node, load[node["NodeID"]])
-                self._wanted[kind] -= 1
+                self._spawn(kind, node, load[node["NodeID"]], standby)
+                if standby:
+                    self._standby_wanted -= 1
+                else:
+                    self._wanted[kind] -= 1
 
-    def _spawn(self, kind: str, node: dict, index_on_node: int) -> None:
+    def _spawn(self, kind: str, node: dict, index_on_node: int, standby: bool = False) -> None:
         gpus = int(node["Resources"].get(RAY_GPU_RESOURCE, 0))
         device = Device(-1, node["NodeID"], node["NodeManagerAddress"], GPU if gpus else CPU,
                         index_on_node % gpus if gpus else 0)
-        name = f"elastic-{kind[0]}{next(self._serial)}"
+        name = f"elastic-{'s' if standby else kind[0]}{next(self._serial)}"
         args = (*self.init_args, kind)
         fut = self._pool.submit(
             WorkerGroup, _OneDevice(device), self.worker_cls, name, [0], init_args=args,
             torch_threads=self.e.torch_threads, startup_timeout=self.e.join_timeout_s)
-        self._joining.append((name, kind, node["NodeID"], time.monotonic(), fut))
+        self._joining.append((name, kind, node["NodeID"], time.monotonic(), fut, standby))
 
     def _reap_joins(self) -> bool:
         changed = False
         for item in [j for j in self._joining if j[4].done()]:
             self._joining.remove(item)
-            name, kind, node, t_spawn, fut = item
+            name, kind, node, t_spawn, fut, standby = item
             changed = True
             try:
                 group = fut.result()
@@ -234,21 +257,23 @@ class ElasticRolloutPool:
                 if self._join_failures > self.e.max_attempts:
                     raise RuntimeError(f"{self._join_failures} elastic workers in a row failed to "
                                        f"start; the last one:\n{error}") from exc
-                self._wanted[kind] += 1
+                self._respawn(kind, standby)
                 continue
             self._join_failures = 0
             if node in self._dead_nodes:
                 group.shutdown()
-                self._wanted[kind] += 1
+                self._respawn(kind, standby)
                 continue
-            self.members.append(_Member(name, kind, group, node, t_spawn, time.monotonic()))
-            self._event("join", worker=name, kind=kind, start_s=time.monotonic() - t_spawn)
+            self.members.append(_Member(name, kind, group, node, t_spawn, time.monotonic(),
+                                        standby=standby))
+            self._event("join", worker=name, kind=kind, start_s=time.monotonic() - t_spawn,
+                        **({"standby": True} if standby else {}))
         return changed
 
     def _preempt(self, m: _Member, queue: collections.deque, done: dict) -> None:
-        """The simulator's kill: the worker process, or its whole node. A victim with a shard in
-        flight is reaped when its call reports the death (the path a real preemption takes);
-        an idle one is reaped at once."""
+        """The simulator's kill: the worker process, or its whole node. The pool knows its
+        victims are dead, so their in-flight shards go back to the queue at once (a real
+        preemption is found by :meth:`_check_nodes` or by the call reporting the death)."""
         m.kill_at = None
         self._event("preempt", worker=m.name, shard=m.shard, target=self.e.preemption.target)
         victims = [m]
@@ -260,15 +285,34 @@ class ElasticRolloutPool:
             self.provider.kill_node(m.node_id)
         for v in victims:
             v.doomed = True
-            if v.handle is None:
-                self._lost(v, queue, done)
+            self._lost(v, queue, done)
         if self.e.preemption.target == "worker":
             return
         restart = self.e.preemption.restart
         if restart == "immediate":
-            self._restore_due += 1  # once the node's in-flight shards are re-queued
+            self._restore_due += 1
         elif restart == "next_iteration":
             self._deferred_nodes += 1
+
+    def _check_nodes(self, queue: collections.deque, done: dict, now: float) -> bool:
+        """Every :data:`NODE_PROBE_S`, ask each node hosting members whether its raylet still
+        listens (:func:`~rlinf_embodied.runtime.cluster.raylet_gone`): a refused connection
+        means the node is gone, seconds before Ray's own health checks say so, and its
+        members' shards are re-queued at once. Returns whether a member was lost."""
+        if now - self._probed_at < NODE_PROBE_S:
+            return False
+        self._probed_at = now
+        lost = False
+        for node_id in {m.node_id for m in self.members} - {self._driver_node}:
+            info = self._node_info.get(node_id)
+            if info is None or not raylet_gone(info):
+                continue
+            self._dead_nodes.add(node_id)
+            self._event("node_lost", node=node_id, at=time.time())  # wall clock: vs the kill
+            for m in [o for o in self.members if o.node_id == node_id]:
+                self._lost(m, queue, done)
+            lost = True
+        return lost
 
     def _restore_nodes(self) -> None:
         """Bring killed nodes back (blocks the dispatch loop while the raylet starts; running
@@ -281,13 +325,32 @@ class ElasticRolloutPool:
             except Exception as exc:  # noqa: BLE001 - the run goes on reserved-only
                 self._event("node_restore_failed", error=f"{type(exc).__name__}: {exc}")
 
+    def _respawn(self, kind: str, standby: bool) -> None:
+        if standby:
+            self._standby_wanted += 1
+        else:
+            self._wanted[kind] += 1
+
     def _lost(self, m: _Member, queue: collections.deque, done: dict) -> None:
+        """Take ``m`` out: its shard back to the head of the queue, a spare in its place (its
+        own replacement starts when the iteration's rollout ends) or a replacement per the
+        restart policy."""
+        if m not in self.members:
+            return
         self.members.remove(m)
         if m.shard is not None and m.shard not in done:
             queue.appendleft(m.shard)
-        self._event("lost", worker=m.name, kind=m.kind, shard=m.shard)
+        self._event("lost", worker=m.name, kind=m.kind, shard=m.shard,
+                    **({"standby": True} if m.standby else {}))
         restart = self.e.preemption.restart if m.doomed else "immediate"
-        if m.kind == RESERVED or restart == "immediate":
+        spare = None if m.standby or m.kind == RESERVED else next(
+            (o for o in self.members if o.standby and o.node_id not in self._dead_nodes), None)
+        if spare is not None:
+            spare.standby = False  # joined before it was needed: serves at once
+            self._event("promote", worker=spare.name, replaces=m.name)
+        if m.standby or spare is not None:
+            self._refill += restart != "never"
+        elif m.kind == RESERVED or restart == "immediate":
             self._wanted[m.kind] += 1
         elif restart == "next_iteration":
             self._deferred[m.kind] += 1
@@ -296,8 +359,12 @@ class ElasticRolloutPool:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    def clock(self) -> float:
+        """Seconds on the events' clock (``t`` of :attr:`events`: since the pool was made)."""
+        return time.monotonic() - self._t0
+
     def _event(self, what: str, **kw) -> None:
-        self.events.append({"event": what, "t": round(time.monotonic() - self._t0, 4), **kw})
+        self.events.append({"event": what, "t": round(self.clock(), 4), **kw})
 
     # -- one iteration ----------------------------------------------------------------------
     def collect(self, iteration: int, version: int,
@@ -331,7 +398,7 @@ class ElasticRolloutPool:
         calls: collections.Counter = collections.Counter()
         state = dict(initial_state) if initial_state is not None else None
         seconds = {RESERVED: [], PREEMPTIBLE: []}
-        live = lambda: [m for m in self.members if not m.doomed]  # noqa: E731
+        live = lambda: [m for m in self.members if not m.doomed and not m.standby]  # noqa: E731
         planned = self.planner.planned_share(sum(m.kind == RESERVED for m in live()),
                                              sum(m.kind == PREEMPTIBLE for m in live()), self.num_shards)
         dispatch, t_start, stalled_since = 0, time.monotonic(), None
@@ -339,9 +406,11 @@ class ElasticRolloutPool:
             changed = self._reap_joins()
             self._spawn_wanted()
             now = time.monotonic()
+            changed |= self._check_nodes(queue, done, now)
             for m in list(self.members):
                 if m.kill_at is not None and now >= m.kill_at:
                     self._preempt(m, queue, done)
+                    changed = True
                 if m.handle is None or m not in self.members:
                     continue
                 try:
@@ -366,11 +435,6 @@ class ElasticRolloutPool:
                         state[m.shard] = res["partial"]
                         calls[m.shard] += 1
                         changed = True
-                        if m.doomed:  # killed as the piece finished: the progress is kept
-                            queue.appendleft(m.shard)
-                            m.shard = m.handle = None
-                            self._lost(m, queue, done)
-                            continue
                         # the same worker goes on at once
                         m.handle = m.group.run_shard(iteration, m.shard, version, state[m.shard])
                         dispatch = self._armed(m, dispatch, now)
@@ -386,9 +450,6 @@ class ElasticRolloutPool:
                     m.first_done_at = m.first_done_at or now
                     m.shard = m.handle = None
                     changed = True
-            if self._restore_due and not any(m.doomed and m.handle for m in self.members):
-                self._restore_nodes()
-                changed = True
             now = time.monotonic()
             idle = sorted((m for m in live() if m.handle is None), key=lambda m: self.planner.estimate(m.kind))
             for m in idle:
@@ -405,6 +466,9 @@ class ElasticRolloutPool:
                 m.handle = m.group.run_shard(iteration, shard, version, *extra)
                 dispatch = self._armed(m, dispatch, now)
                 changed = True
+            if self._restore_due:  # after dispatching: the re-queued shards run meanwhile
+                self._restore_nodes()
+                changed = True
             if changed:
                 stalled_since = None
             else:
@@ -413,12 +477,27 @@ class ElasticRolloutPool:
                     if now - stalled_since > self.e.join_timeout_s:
                         raise RuntimeError("every elastic worker is gone and none could start "
                                            "for elastic.join_timeout_s; check the cluster's nodes.")
-                time.sleep(IDLE_POLL_S)
+                self._idle_wait(now)
         for m in self.members:
             m.kill_at = None  # a kill armed for a shard that already finished is dropped
+        self._standby_wanted += self._refill  # spares used up start now, not during the rollout
+        self._refill = 0
+        self._spawn_wanted()
         for kind, s in seconds.items():
             self.planner.observe(kind, s)
         return self._result(iteration, done, placed, planned, first_event, time.monotonic() - t_start)
+
+    def _idle_wait(self, now: float) -> None:
+        """Wait until a call in flight finishes (or fails), at most :data:`IDLE_POLL_S` and
+        never past the next armed kill or node check: no busy polling of the workers."""
+        until = min([now + IDLE_POLL_S, self._probed_at + NODE_PROBE_S]
+                    + [m.kill_at for m in self.members if m.kill_at is not None])
+        refs = [r for m in self.members if m.handle is not None for r in m.handle.refs]
+        timeout = max(0.0, until - time.monotonic())
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=timeout)
+        else:
+            time.sleep(timeout)
 
     def _armed(self, m: _Member, dispatch: int, now: float) -> int:
         """Count a request sent to ``m`` (preemptible ones only) and arm the simulator's kill
@@ -446,7 +525,9 @@ class ElasticRolloutPool:
             "elastic/reserved_share": reserved / self.num_shards,
             "elastic/planned_reserved_share": planned,
             "elastic/workers_reserved": float(sum(m.kind == RESERVED for m in self.members)),
-            "elastic/workers_preemptible": float(sum(m.kind == PREEMPTIBLE for m in self.members)),
+            "elastic/workers_preemptible": float(sum(m.kind == PREEMPTIBLE and not m.standby
+                                                     for m in self.members)),
+            "elastic/workers_standby": float(sum(m.standby for m in self.members)),
             "elastic/rollout_wall_s": wall,
         }
         return RolloutResult(parts, [done[s]["stats"] for s in order], metrics, record)
@@ -457,7 +538,7 @@ class ElasticRolloutPool:
 
     def shutdown(self) -> None:
         """Stop every worker (and the ones still starting)."""
-        for *_, fut in self._joining:
+        for *_, fut, _standby in self._joining:
             try:
                 fut.result(timeout=self.e.join_timeout_s).shutdown()
             except Exception:  # noqa: BLE001 - it failed to start anyway

@@ -60,20 +60,20 @@ class ReasoningGroups:
 def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> ReasoningGroups:
     """Start the cluster, the two channels and the rollout / reward / actor groups of ``cfg``
     (placed by ``plan`` when given, else by ``cfg.placement``; ``auto`` profiles and plans)."""
-    from rlinf_embodied.runners.setup import group_ranks
-    from rlinf_embodied.runtime import Channel, Cluster, WorkerGroup
+    from rlinf_embodied.runners.setup import check_plan_fits, group_ranks, open_cluster
+    from rlinf_embodied.runtime import Channel, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.reasoning_actor import ReasoningActorWorker
     from rlinf_embodied.workers.reasoning_rollout import ReasoningRolloutWorker
     from rlinf_embodied.workers.reward_worker import RewardWorker
 
     model_dir = prepare_model_dir(cfg, run_dir)
-    cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
-                      num_cpu_devices=cfg.cluster.num_cpu_devices)
+    cluster = open_cluster(cfg)
     if plan is None:
         plan = resolve_reasoning_placement(cfg, cluster, run_dir, run_id)
     nd = cluster.num_devices
-    plan.validate(nd)
+    check_plan_fits(cluster, plan)
+    print(cluster.describe())
     text = re.sub(rf"\b{REWARD_SLOT}\b {{3}}", "reward", plan.describe(nd))  # keep the columns
     print(re.sub(rf"\b{REWARD_SLOT}\b", "reward", text))
     ranks = group_ranks(plan, nd)

@@ -6,6 +6,7 @@ whether it context-switches is data (``configs/placement/*.yaml``), read by the 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import uuid
@@ -17,11 +18,18 @@ from rlinf_embodied.checkpoint import (
     checkpoint_dir,
     latest_loadable_checkpoint,
 )
-from rlinf_embodied.config import JobConfig, as_dict, save_config
+from rlinf_embodied.config import ConfigError, JobConfig, as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger, plot_curves
-from rlinf_embodied.runners.setup import launch_groups
+from rlinf_embodied.runners.restarts import (
+    RANK_LOSS_ERRORS,
+    RunLostError,
+    lost_nodes,
+    lost_ranks,
+    wait_for_capacity,
+)
+from rlinf_embodied.runners.setup import Groups, check_divisibility, group_ranks, launch_groups
 from rlinf_embodied.runners.signals import StopSignals
-from rlinf_embodied.runtime import wait_all
+from rlinf_embodied.runtime import PlacementError, wait_all
 
 __all__ = ["EmbodiedRunner"]
 
@@ -51,14 +59,13 @@ class EmbodiedRunner:
             save_config(cfg, self.run_dir)
         self.state = {"iteration": 0, "env_steps": 0}
         if ckpt is not None:
-            import json
-
             self.state = json.loads((ckpt / "runner_state.json").read_text())
             self.saved = ckpt
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
+        self.restarts = 0
+        """Restarts so far (``trainer.max_restarts``)."""
         try:
-            self.g = launch_groups(cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt,
-                                   actor_cls=self.actor_cls)
+            self.g = self._launch(ckpt)
         except BaseException:
             if not resume and [p.name for p in self.run_dir.iterdir()] == ["config.yaml"]:
                 shutil.rmtree(self.run_dir)  # nothing ran: leave no empty run directory behind
@@ -75,54 +82,34 @@ class EmbodiedRunner:
     def _stop(self) -> bool:
         return self.signals.requested
 
+    def _launch(self, ckpt: Optional[Path], cluster=None, plan=None) -> Groups:
+        """Start the worker groups (set up from ``ckpt``; on ``cluster`` with ``plan`` when
+        restarting). The elastic runner adds its pool."""
+        return launch_groups(self.cfg, self.run_dir, f"run-{uuid.uuid4().hex[:8]}", ckpt,
+                             plan=plan, actor_cls=self.actor_cls, cluster=cluster)
+
     def run(self) -> dict:
         """Train until ``trainer.iterations`` (or ``max_time_s`` / ``target_success``, or a
-        stop signal: then the current iteration finishes and a checkpoint is saved). Returns
-        the runner state (``iteration``, ``env_steps``, ...); ``self.saved`` names the last
-        checkpoint and ``self.interrupted`` / ``self.signals.aborted`` say how it ended."""
-        cfg, g, t = self.cfg, self.g, self.cfg.trainer
+        stop signal: then the current iteration finishes and a checkpoint is saved). A lost
+        rank or node of the placed groups restarts them from the newest checkpoint (at most
+        ``trainer.max_restarts`` times, :mod:`~rlinf_embodied.runners.restarts`). Returns the
+        runner state (``iteration``, ``env_steps``, ...); ``self.saved`` names the last
+        checkpoint and ``self.interrupted`` / ``self.signals.aborted`` say how it ended.
+
+        Raises:
+            RunLostError: restarts used up, or no reserved capacity fits the placement.
+        """
         start = time.time()
         owns_handlers = not self.signals._prev
         self.signals.install()
         self.signals.phase = "training"
         try:
-            while self.state["iteration"] < t.iterations and not self._stop:
-                it = self.state["iteration"]
-                m = {"time/weight_sync_s": g.sync.push(it)}
-                env_stats, tm = self._rollout_and_train(it, m)
-                m["time/context_switch_s"] = max(
-                    sum(grp.context_switch_seconds().wait()) for grp in (g.env, g.rollout, g.actor))
-                m.update({k: sum(d[k] for d in tm) / len(tm) for k in tm[0]})
-                steps = sum(s["env_steps"] for s in env_stats)
-                eps = sum(s["episodes"] for s in env_stats)
-                self.state["env_steps"] += steps
-                self.state["iteration"] = it + 1
-                m["time/env_steps_per_s"] = steps / max(1e-9, m["time/rollout_s"] + m["time/train_s"] + m["time/weight_sync_s"])
-                if eps:
-                    m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
-                    m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
-                    m["rollout/episodes"] = eps
-                m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
-                if cfg.env.success_hold_ramp is not None:
-                    m["rollout/success_hold_steps"] = cfg.env.hold_steps_at(it)
-                timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
-                done = self.state["iteration"] == t.iterations or timed_out
-                videos = cfg.eval.num_videos
-                if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or done):
-                    m.update(self.evaluate(self.state["iteration"], videos=videos if done else 0))
-                    if not done and t.target_success is not None and m["eval/success_once"] >= t.target_success:
-                        print(f"eval success_once {m['eval/success_once']:.3f} >= "
-                              f"trainer.target_success={t.target_success}: solved, stopping.")
-                        done = True  # same seeds, greedy: re-evaluating adds the videos
-                        m.update(self.evaluate(self.state["iteration"], videos=videos))
-                self.log.log(m, self.state["env_steps"], self.state["iteration"])
-                if t.save_every and (self.state["iteration"] % t.save_every == 0 or done):
-                    self.save()
-                if timed_out:
-                    print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
-                          f"{self.state['iteration']} (checkpoint and final evaluation saved).")
-                if done:
-                    break
+            while self.state["iteration"] < self.cfg.trainer.iterations and not self._stop:
+                try:
+                    if self._iteration(start):
+                        break
+                except RANK_LOSS_ERRORS as err:
+                    self._restart(err)
             self.interrupted = self._stop
             if self._stop and self.state["iteration"] > 0 and self._saved_at != self.state["iteration"]:
                 print("interrupted: saving a final checkpoint")
@@ -135,10 +122,112 @@ class EmbodiedRunner:
                 self.log.close()
                 plot_curves(self.run_dir)
             finally:
-                g.shutdown()
+                self.g.shutdown()
                 if owns_handlers:
                     self.signals.restore()
         return self.state
+
+    def _iteration(self, start: float) -> bool:
+        """One iteration: weights, rollout, update, metrics, evaluation and checkpoint when
+        due. Returns True when the run is done (last iteration, time or target reached)."""
+        cfg, g, t = self.cfg, self.g, self.cfg.trainer
+        it = self.state["iteration"]
+        m = {"time/weight_sync_s": g.sync.push(it)}
+        env_stats, tm = self._rollout_and_train(it, m)
+        m["time/context_switch_s"] = max(
+            sum(grp.context_switch_seconds().wait()) for grp in (g.env, g.rollout, g.actor))
+        m.update({k: sum(d[k] for d in tm) / len(tm) for k in tm[0]})
+        steps = sum(s["env_steps"] for s in env_stats)
+        eps = sum(s["episodes"] for s in env_stats)
+        self.state["env_steps"] += steps
+        self.state["iteration"] = it + 1
+        m["time/env_steps_per_s"] = steps / max(1e-9, m["time/rollout_s"] + m["time/train_s"] + m["time/weight_sync_s"])
+        if eps:
+            m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
+            m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
+            m["rollout/episodes"] = eps
+        m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
+        if cfg.env.success_hold_ramp is not None:
+            m["rollout/success_hold_steps"] = cfg.env.hold_steps_at(it)
+        timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
+        done = self.state["iteration"] == t.iterations or timed_out
+        videos = cfg.eval.num_videos
+        if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or done):
+            m.update(self.evaluate(self.state["iteration"], videos=videos if done else 0))
+            if not done and t.target_success is not None and m["eval/success_once"] >= t.target_success:
+                print(f"eval success_once {m['eval/success_once']:.3f} >= "
+                      f"trainer.target_success={t.target_success}: solved, stopping.")
+                done = True  # same seeds, greedy: re-evaluating adds the videos
+                m.update(self.evaluate(self.state["iteration"], videos=videos))
+        self.log.log(m, self.state["env_steps"], self.state["iteration"])
+        if t.save_every and (self.state["iteration"] % t.save_every == 0 or done):
+            self.save()
+        if timed_out:
+            print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
+                  f"{self.state['iteration']} (checkpoint and final evaluation saved).")
+        return done
+
+    def _restart(self, err: BaseException) -> None:
+        """After a failed iteration: when ranks of the placed groups are lost, stop the groups
+        and start them again from the newest complete checkpoint on the reserved capacity
+        there is (waiting up to ``trainer.restart_wait_s`` for the devices they had). Logged
+        to the console and as a ``restart`` event row in ``metrics.jsonl``.
+
+        Raises:
+            err: when no rank is lost (the failure is not a lost process: a bug).
+            RunLostError: ``trainer.max_restarts`` used up, or no capacity fits.
+        """
+        g, t = self.g, self.cfg.trainer
+        groups = {"env": g.env, "rollout": g.rollout, "actor": g.actor}
+        lost = lost_ranks(groups)
+        if not lost:
+            raise err
+        reached = self.state["iteration"]
+        what = f"lost {', '.join(lost)} during iteration {reached + 1}"
+        if self.restarts >= t.max_restarts:
+            raise RunLostError(f"{what}; trainer.max_restarts={t.max_restarts} restart(s) "
+                               f"used up") from err
+        self.restarts += 1
+        t0 = time.monotonic()
+        gone = lost_nodes(groups)
+        ckpt = latest_loadable_checkpoint(self.run_dir)
+        state = (json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None
+                 else {"iteration": 0, "env_steps": 0})
+        since = (f"checkpoint {ckpt.name} (iteration {state['iteration']})" if ckpt is not None
+                 else "the start (no checkpoint saved yet)")
+        again = (f"iteration {reached + 1} runs again" if reached == state["iteration"] else
+                 f"iterations {state['iteration'] + 1}-{reached + 1} run again")
+        print(f"restart {self.restarts}/{t.max_restarts}: {what} ({type(err).__name__}); "
+              f"restarting the placed groups from {since}: {again}", flush=True)
+        wanted = group_ranks(g.plan, g.cluster.num_devices)
+        g.shutdown(keep_cluster=True, close_timeout=5.0)
+        t_wait = time.monotonic()
+
+        def shape(devices: int):
+            try:
+                g.plan.validate(devices)
+                ranks = group_ranks(g.plan, devices)
+                check_divisibility(self.cfg, ranks["env"], ranks["actor"])
+            except (PlacementError, ConfigError):
+                return None
+            return ranks
+
+        wait_for_capacity(g.cluster, shape, wanted, t.restart_wait_s, gone)
+        self.state, self.saved = state, ckpt
+        self._saved_at = state["iteration"] if ckpt is not None else -1
+        t_launch = time.monotonic()
+        self.g = self._launch(ckpt, cluster=g.cluster, plan=g.plan)
+        now = time.monotonic()
+        self.log.event("restart", self.state["env_steps"], state["iteration"], **{
+            "restart/count": self.restarts, "restart/from_iteration": state["iteration"],
+            "restart/lost_iterations": reached - state["iteration"],
+            "restart/seconds": now - t0, "restart/stop_s": t_wait - t0,
+            "restart/capacity_wait_s": t_launch - t_wait, "restart/launch_s": now - t_launch,
+            "restart/lost": lost, "restart/error": str(err).splitlines()[0][:300]})
+        print(f"restart {self.restarts}/{t.max_restarts}: groups up again after {now - t0:.1f} s "
+              f"(finding and stopping the lost ones {t_wait - t0:.1f} s, waiting for capacity "
+              f"{t_launch - t_wait:.1f} s, starting {now - t_launch:.1f} s); continuing with "
+              f"iteration {state['iteration'] + 1}", flush=True)
 
     def _rollout_and_train(self, it: int, m: dict):
         """Iteration ``it``'s rollout, then one update; adds ``time/...`` entries to ``m``.

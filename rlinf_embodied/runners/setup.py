@@ -8,8 +8,8 @@ from typing import Optional
 
 from rlinf_embodied.config import ConfigError, JobConfig
 
-__all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "group_ranks", "launch_groups", "resolve_placement",
-           "check_minibatches", "validate_job"]
+__all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_plan_fits", "group_ranks",
+           "launch_groups", "open_cluster", "resolve_placement", "check_minibatches", "validate_job"]
 
 
 
@@ -139,10 +139,11 @@ class Groups:
     sync: object
     plan: object
 
-    def shutdown(self, keep_cluster: bool = False) -> None:
-        """Close envs, stop every worker, release the cluster (unless ``keep_cluster``)."""
+    def shutdown(self, keep_cluster: bool = False, close_timeout: float = 60.0) -> None:
+        """Close envs (waiting at most ``close_timeout`` s), stop every worker, release the
+        cluster (unless ``keep_cluster``)."""
         try:
-            self.env.close().wait(60)
+            self.env.close().wait(close_timeout)
         except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
             pass
         for grp in (self.env, self.rollout, self.actor):
@@ -151,24 +152,52 @@ class Groups:
             self.cluster.shutdown()
 
 
+def open_cluster(cfg):
+    """The job's :class:`~rlinf_embodied.runtime.Cluster`: attached to ``cfg.cluster.address``
+    (or an embedded Ray), nodes advertising ``cfg.elastic.preemptible_resource`` left out of the
+    placed groups' devices."""
+    from rlinf_embodied.runtime import Cluster
+
+    return Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                   num_cpu_devices=cfg.cluster.num_cpu_devices,
+                   preemptible_resource=cfg.elastic.preemptible_resource)
+
+
+def check_plan_fits(cluster, plan) -> None:
+    """Validate ``plan`` on the cluster's reserved devices.
+
+    Raises:
+        ConfigError: one line: the placement's problem and which nodes are reserved (with
+            their device ids) and which preemptible (the cluster is shut down first).
+    """
+    from rlinf_embodied.runtime import PlacementError
+
+    try:
+        plan.validate(cluster.num_devices)
+    except PlacementError as e:
+        msg = cluster.placement_error(e)
+        cluster.shutdown()
+        raise ConfigError(msg) from None
+
+
 def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Optional[Path],
-                  plan=None, actor_cls=None) -> Groups:
-    """Start the cluster, the channels and the env / rollout / actor groups of ``cfg``
-    (placed by ``plan`` when given, else by ``cfg.placement``; ``actor_cls`` replaces
-    ActorWorker, e.g. the elastic runner's subclass)."""
-    from rlinf_embodied.runtime import Channel, Cluster, PlacementPlan, WorkerGroup
+                  plan=None, actor_cls=None, cluster=None) -> Groups:
+    """Start the cluster (or use ``cluster``), the channels and the env / rollout / actor
+    groups of ``cfg`` (placed by ``plan`` when given, else by ``cfg.placement``; ``actor_cls``
+    replaces ActorWorker, e.g. the elastic runner's subclass)."""
+    from rlinf_embodied.runtime import Channel, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
     from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices
     from rlinf_embodied.workers.rollout_worker import RolloutWorker
 
-    cluster = Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
-                      num_cpu_devices=cfg.cluster.num_cpu_devices)
+    cluster = cluster or open_cluster(cfg)
     if plan is None and cfg.placement == "auto":
         plan, cfg = _auto_placement(cfg, cluster, run_dir, run_id)
     elif plan is None:
         plan = PlacementPlan.from_yaml(resolve_placement(cfg.placement))
-    plan.validate(cluster.num_devices)
+    check_plan_fits(cluster, plan)
+    print(cluster.describe())
     print(plan.describe(cluster.num_devices))
     nd = cluster.num_devices
     ranks = group_ranks(plan, nd)

@@ -95,6 +95,11 @@ class CallHandle:
         self._refs = dict(zip(refs, ranks))
         self._outcomes: dict[int, Outcome] = {}
 
+    @property
+    def refs(self) -> list[ray.ObjectRef]:
+        """The calls' object refs, one per rank (to ``ray.wait`` on several handles at once)."""
+        return list(self._refs)
+
     def done(self) -> bool:
         """Whether every rank has finished (successfully or not)."""
         pending = [r for r, rank in self._refs.items() if rank not in self._outcomes]

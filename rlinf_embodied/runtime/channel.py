@@ -117,7 +117,9 @@ class Channel:
             inline_bytes=inline_bytes,
             instance=uuid.uuid4().hex,  # numbers puts per channel instance, not per name
         )
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # Hard affinity to the creator's node (alive: the creator runs there): a soft one may
+        # spill to another node, even one that just died and that Ray still lists as alive.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         try:
             actor = QueueActor.options(
                 name=_ACTOR_PREFIX + name, scheduling_strategy=here, max_concurrency=4096

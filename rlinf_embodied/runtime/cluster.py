@@ -1,14 +1,17 @@
 """Cluster: start an embedded Ray or attach to a running one, and number its devices globally.
 
 Paper section 4: RLinf uses Ray for cluster management but places workers on global device ids.
-Here each node contributes its GPUs in order; a node without GPUs contributes
-``num_cpu_devices`` CPU device slots, so placement plans behave the same on a laptop.
+Here each *reserved* node contributes its GPUs in order; a node without GPUs contributes
+``num_cpu_devices`` CPU device slots, so placement plans behave the same on a laptop. Nodes that
+advertise the preemptible resource (RLBoost's spot / spare capacity) get no device ids: placed
+groups never run there, only the elastic rollout workers, which survive losing them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Sequence
 
 import ray
@@ -50,10 +53,13 @@ class Cluster:
             runs; benchmarks and tests turn it off to keep their output clean.
         namespace: Ray namespace of the embedded Ray or attached job; named channels and the
             device-lock service live in it.
+        preemptible_resource: Ray custom resource that marks preemptible nodes: such nodes get
+            no device ids (empty: every node is reserved).
 
     Raises:
         ValueError: If ``num_cpu_devices`` < 1.
-        RuntimeError: If the cluster has no alive node.
+        RuntimeError: If the cluster has no alive reserved node, or attaching failed (the
+            message names the fix, e.g. Ray's token authentication).
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class Cluster:
         num_cpu_devices: int = DEFAULT_NUM_CPU_DEVICES,
         log_to_driver: bool = True,
         namespace: str = "rlinf_embodied",
+        preemptible_resource: str = "",
     ) -> None:
         if num_cpu_devices < 1:
             raise ValueError(f"Set num_cpu_devices to at least 1 (got {num_cpu_devices}).")
@@ -76,18 +83,46 @@ class Cluster:
                 logging.getLogger(_RAY_TOKEN_LOGGER).addFilter(_local_token_notice)
             # "local" always starts a new embedded Ray: without it ray.init attaches to any
             # cluster a `ray start` left running on the machine (another user's, another job's).
-            ray.init(address=address or "local", **init_kwargs)
+            try:
+                ray.init(address=address or "local", **init_kwargs)
+            except Exception as exc:  # noqa: BLE001 - say how to attach, not only Ray's words
+                hint = attach_hint(exc, address)
+                if hint is None:
+                    raise
+                raise RuntimeError(hint) from exc
         self.num_cpu_devices = num_cpu_devices
-        self.devices: list[Device] = self._enumerate_devices()
-        self._node_cpus = {n["NodeID"]: int(n["Resources"].get("CPU", 1)) for n in _alive_nodes()}
+        self.preemptible_resource = preemptible_resource
+        self.refresh()
 
-    def _enumerate_devices(self) -> list[Device]:
-        nodes = _alive_nodes()
+    def refresh(self, exclude: Sequence[str] = ()) -> None:
+        """Number the devices again from the nodes alive now, leaving out the node ids in
+        ``exclude`` and nodes whose raylet is gone (:func:`raylet_gone`) while Ray still lists
+        them as alive (for about 15 s after a node dies).
+
+        Raises:
+            RuntimeError: If no reserved node is alive.
+        """
+        nodes = [n for n in _alive_nodes() if n["NodeID"] not in set(exclude) and not raylet_gone(n)]
+        self.preemptible_nodes = [n for n in nodes if is_preemptible(n, self.preemptible_resource)]
+        """Alive nodes that advertise ``preemptible_resource`` (``ray.nodes()`` entries): no
+        device ids, elastic workers only."""
+        self.devices: list[Device] = []
+        self.devices = self._enumerate_devices(
+            [n for n in nodes if not is_preemptible(n, self.preemptible_resource)])
+        self._node_cpus = {n["NodeID"]: int(n["Resources"].get("CPU", 1)) for n in nodes}
+
+    def _enumerate_devices(self, nodes: list[dict]) -> list[Device]:
         if not nodes:
-            raise RuntimeError("The Ray cluster has no alive node; check `ray status`.")
+            raise RuntimeError(
+                "The Ray cluster has no alive reserved node"
+                + (f" (every node advertises {self.preemptible_resource!r}: "
+                   f"{', '.join(node_label(n) for n in self.preemptible_nodes)})"
+                   if self.preemptible_nodes else "")
+                + "; placed groups run only on reserved nodes: start one without the "
+                "preemptible resource, and check `ray status`.")
         here = ray.get_runtime_context().get_node_id()
         # The driver's node first, then a stable order, so device 0 is local when possible.
-        nodes.sort(key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
+        nodes = sorted(nodes, key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
         devices: list[Device] = []
         for node in nodes:
             num_gpus = int(node["Resources"].get(RAY_GPU_RESOURCE, 0))
@@ -124,14 +159,35 @@ class Cluster:
         return [self.device(i) for i in ids]
 
     def describe(self) -> str:
-        """One line per node: its ip and device ids."""
+        """One line per node: reserved nodes with their device ids, then the preemptible ones."""
         by_node: dict[str, list[Device]] = {}
         for d in self.devices:
-            by_node.setdefault(d.node_ip, []).append(d)
-        lines = [f"cluster: {self.num_devices} devices on {len(by_node)} node(s)"]
-        for ip, devs in by_node.items():
-            lines.append(f"  {ip}: {devs[0].kind} devices {[d.global_id for d in devs]}")
+            by_node.setdefault(d.node_id, []).append(d)
+        pre = len(self.preemptible_nodes)
+        lines = [f"cluster: {self.num_devices} devices on {len(by_node)} reserved node(s)"
+                 + (f", {pre} preemptible node(s)" if pre else "")]
+        for devs in by_node.values():
+            lines.append(f"  reserved     {devs[0].node_ip} ({devs[0].node_id[:8]}): {devs[0].kind} "
+                         f"devices {[d.global_id for d in devs]}")
+        for n in self.preemptible_nodes:
+            lines.append(f"  preemptible  {node_label(n)}: no placed groups, elastic workers only "
+                         f"(advertises {self.preemptible_resource!r})")
         return "\n".join(lines)
+
+    def placement_error(self, error: Exception) -> str:
+        """``error`` (a placement that does not fit the reserved devices) as one line naming the
+        reserved and preemptible nodes."""
+        by_node: dict[str, list[int]] = {}
+        for d in self.devices:
+            by_node.setdefault(f"{d.node_ip} ({d.node_id[:8]})", []).append(d.global_id)
+        reserved = "; ".join(f"{k} devices {v[0]}-{v[-1]}" if len(v) > 1 else f"{k} device {v[0]}"
+                             for k, v in by_node.items())
+        text = " ".join(str(error).split())
+        if not self.preemptible_nodes:
+            return f"{text} (reserved nodes: {reserved})"
+        pre = ", ".join(node_label(n) for n in self.preemptible_nodes)
+        return (f"{text} (reserved nodes: {reserved}; preemptible nodes, which take no placed "
+                f"group: {pre})")
 
     def shutdown(self) -> None:
         """Stop Ray if this Cluster started it; leave an attached or pre-existing Ray running."""
@@ -141,3 +197,52 @@ class Cluster:
 
 def _alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def is_preemptible(node: dict, resource: str) -> bool:
+    """Whether ``ray.nodes()`` entry ``node`` advertises the preemptible ``resource``."""
+    return bool(resource) and node.get("Resources", {}).get(resource, 0) > 0
+
+
+def node_label(node: dict) -> str:
+    """``ip (node id prefix)`` of a ``ray.nodes()`` entry, as placement messages name nodes."""
+    return f"{node['NodeManagerAddress']} ({node['NodeID'][:8]})"
+
+
+def raylet_gone(node: dict, timeout: float = 0.2) -> bool:
+    """Whether the raylet of ``ray.nodes()`` entry ``node`` is certainly gone: a TCP connect to
+    its node-manager port is refused (the process no longer listens while its machine is up).
+
+    The driver sees this within a fraction of a second, where Ray's own health checks take
+    seconds (its task calls fail after ~3 s, the GCS declares the node dead after ~15 s with
+    the defaults). A timeout or an unreachable host is *not* taken as gone (a busy or
+    partitioned network); Ray's own detection covers those.
+    """
+    try:
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                      timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def attach_hint(exc: BaseException, address: str | None) -> str | None:
+    """What to do when attaching to ``address`` failed with ``exc``, or None when there is
+    nothing to add: Ray's token authentication (on by default for ``ray start --head`` since
+    Ray 2.5x) needs ``RAY_AUTH_MODE=token`` and the head's token in the driver's environment."""
+    chain, e = [], exc
+    while e is not None and len(chain) < 5:  # Ray wraps the AuthenticationError in others
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    lines = [ln.strip() for e in chain for ln in str(e).splitlines()]
+    text = next((ln for ln in lines if "InvalidAuthToken" in ln or "AuthenticationError" in ln), None)
+    if text is None:
+        return None
+    mode = os.environ.get("RAY_AUTH_MODE")
+    return (f"cannot attach to the Ray cluster at {address}: {text[:200]}. The head "
+            f"uses token authentication: set RAY_AUTH_MODE=token (now "
+            f"{mode if mode is not None else 'unset'}) and make the head's token available "
+            f"(copy its ~/.ray/auth_token here, or set RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "
+            f"docs/elastic.md).")

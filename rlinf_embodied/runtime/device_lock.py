@@ -18,6 +18,7 @@ import time
 from typing import Iterable, NamedTuple, Sequence
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 _SERVICE_NAME = "rlinf_device_lock"
 
@@ -97,6 +98,21 @@ class _LockService:
         self._record(devices, worker, "release")
         self._grant()
 
+    async def evict(self, workers: Sequence[str]) -> None:
+        """Forget ``workers`` (their processes are gone): free the devices they held, cancel
+        their waits, and hand the devices on."""
+        gone = set(workers)
+        for d in [d for d, members in self._members.items() if members & gone]:
+            self._members[d] -= gone
+            if not self._members[d]:
+                del self._holder[d], self._members[d]
+                self._produced.pop(d, None)
+        for w in [w for w in self._waiters if w.worker in gone]:
+            self._waiters.remove(w)
+            if not w.granted.done():
+                w.granted.cancel()
+        self._grant()
+
     def _grant(self) -> None:
         """Hand free devices to waiters: consumers of what was just produced first, then FIFO."""
 
@@ -153,8 +169,13 @@ class DeviceLock:
         """The lock service of this Ray namespace, created (owned by the caller) if absent."""
         # Detached: the service must outlive whichever process created it first (a worker may
         # connect before the driver does); it ends with the Ray cluster or its namespace's jobs.
+        # On the creator's node (the driver's, normally; hard: a soft affinity may spill to
+        # another node): Ray's default could put it on any node, and losing that node would
+        # take every group's device locks with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         actor = _ServiceActor.options(
-            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096, lifetime="detached"
+            name=_SERVICE_NAME, get_if_exists=True, max_concurrency=4096, lifetime="detached",
+            scheduling_strategy=here,
         ).remote()
         return cls(actor)
 
@@ -196,6 +217,11 @@ class DeviceLock:
             RuntimeError: (from the service) if ``worker`` does not hold the devices.
         """
         ray.get(self._actor.release.remote(worker, list(devices), sorted(produced)))
+
+    def evict(self, workers: Sequence[str], timeout: float = 30.0) -> None:
+        """Free whatever ``workers`` (``"<group>[<rank>]"`` names of killed processes) held or
+        waited for, so that workers started in their place are not blocked by them."""
+        ray.get(self._actor.evict.remote(list(workers)), timeout=timeout)
 
     def trace(self) -> list[LockEvent]:
         """Every request/acquire/release so far, in order."""

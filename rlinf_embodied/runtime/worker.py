@@ -37,8 +37,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_embodied.omp import omp_wait_env
 from rlinf_embodied.runtime import device as dev
-from rlinf_embodied.runtime.calls import CallHandle, Outcome
-from rlinf_embodied.runtime.cluster import Cluster
+from rlinf_embodied.runtime.calls import CallHandle, Outcome, RemoteError, WorkerDiedError
+from rlinf_embodied.runtime.cluster import Cluster, raylet_gone
 from rlinf_embodied.runtime.device_lock import DeviceLock
 from rlinf_embodied.runtime.inflight import flush_puts, release_prefetched, take_recent_puts
 from rlinf_embodied.runtime.placement import PlacementPlan, parse_device_ids
@@ -325,6 +325,7 @@ class WorkerGroup:
         self.rank_devices: list[tuple[dev.Device, ...]] = [
             (cluster.device(i),) for i in ids for _ in range(procs_per_device)
         ]
+        self._context_switch = context_switch
         if context_switch:
             DeviceLock.connect()  # created here so the driver owns the service
         blob = cloudpickle.dumps(worker_cls)
@@ -443,10 +444,34 @@ class WorkerGroup:
         self.on()._rt_init_process_group(addr, port, backend, timeout_s).wait(timeout_s + 30)
         return backend
 
+    def lost_ranks(self, timeout: float = 30.0) -> list[int]:
+        """Ranks whose process is gone: its node's raylet refuses connections or Ray reports
+        the node dead, its actor died, or it does not answer a ping (on the side lane, so a
+        busy rank answers) within ``timeout`` seconds."""
+        nodes = {n["NodeID"]: n for n in ray.nodes()}
+        gone_nodes = {nid for nid, n in nodes.items() if not n.get("Alive") or raylet_gone(n)}
+        lost = [r for r, devs in enumerate(self.rank_devices)
+                if devs[0].node_id in gone_nodes or devs[0].node_id not in nodes]
+        pings = {r: self.on([r], concurrent=True)._rt_ping()
+                 for r in range(self.world_size) if r not in lost}
+        deadline = time.monotonic() + timeout
+        for r, handle in pings.items():
+            try:
+                handle.wait(max(0.0, deadline - time.monotonic()))
+            except (WorkerDiedError, RemoteError, TimeoutError):
+                lost.append(r)
+        return sorted(lost)
+
     def shutdown(self) -> None:
-        """Kill every rank's actor (idempotent)."""
+        """Kill every rank's actor (idempotent); a context-switching group's device locks are
+        released for it (a killed rank may have held them)."""
         for host in self._hosts:
             ray.kill(host, no_restart=True)
+        if self._hosts and self._context_switch:
+            try:
+                DeviceLock.connect().evict([f"{self.name}[{r}]" for r in range(self.world_size)])
+            except Exception:  # noqa: BLE001 - Ray going down: nothing is waiting any more
+                pass
         self._hosts = []
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 MAIN_JOB = ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml"
 SMALL = ["env.num_envs=4", "env.num_processes=0", "env.max_episode_steps=10",
+         "env.success_hold_steps=1", "env.success_hold_ramp=null",
          "trainer.rollout_steps=20", "trainer.update_epochs=1", "trainer.num_minibatches=2",
          "trainer.eval_every=0", "eval.num_videos=0", "trainer.target_success=null",
          "logging.tensorboard=false", "logging.console=false", "cluster.num_cpu_devices=1"]
@@ -48,10 +49,12 @@ def main() -> None:
     from rlinf_embodied.runners.embodied import EmbodiedRunner
 
     out: dict = {}
-    with LocalMultiNodeCluster(head_cpus=2, preemptible_nodes=1, node_cpus=2) as mn:
+    with LocalMultiNodeCluster(head_cpus=2, preemptible_nodes=1, node_cpus=2, reserved_nodes=1) as mn:
         out["head"] = mn.head_node_id
         out["second"] = mn.worker_node_ids()[0]
-        # 1) the main job, placed: env workers on the second node, rollout + actor on the head
+        out["reserved_worker"] = mn.reserved[0]
+        # 1) the main job, placed: env workers on the reserved worker node (device 1; the
+        #    preemptible node has no device id), rollout + actor on the head
         cfg = load_config(MAIN_JOB, SMALL + [f"trainer.iterations={it}", "trainer.save_every=0",
                                              f"placement={placement(root, 'env_on_second', '1')}"])
         r = EmbodiedRunner(cfg, root / "placed")

@@ -3,8 +3,8 @@ placement across nodes, and losing a node in the middle of a rollout.
 
 The scenarios run in a fresh process with their own cluster, so the session's shared Ray
 (tests/conftest.py) is never touched. The main-job scenarios (tests/runtime/multinode_scenarios.py)
-are slow: two raylets and three short runs of the main job (about 6 minutes on a loaded 2-core
-machine). The default-suite one (tests/elastic/multinode_resume_scenario.py, about 35 s) kills
+are slow: three raylets (head, a reserved and a preemptible worker node) and three short runs of
+the main job (about 6 minutes on a loaded 2-core machine). The default-suite one (tests/elastic/multinode_resume_scenario.py, about 35 s) kills
 the second node under a resumable shard and checks where each piece ran.
 """
 
@@ -59,9 +59,9 @@ def scenarios(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_main_job_trains_with_env_workers_on_the_second_node(scenarios):
+def test_main_job_trains_with_env_workers_on_the_reserved_worker_node(scenarios):
     p = scenarios["placed"]
-    assert p["env_nodes"] == [scenarios["second"]]
+    assert p["env_nodes"] == [scenarios["reserved_worker"]]  # not the preemptible node
     assert p["rollout_nodes"] == p["actor_nodes"] == [scenarios["head"]]
     # 4 envs x 2 iterations x 19 counted steps (20 queries, one of them the autoreset step
     # after each 10-step episode)
