@@ -231,8 +231,9 @@ register_suite(ManiSkillSuite(
         SuiteTask("PullCube-v1", "pull the cube to the goal region"),
         SuiteTask("StackCube-v1", "stack the red cube on top of the green cube"),
     ),
-    # The motion planner's demos take 62-79 steps (PushCube, PullCube) and 94-120 (StackCube).
-    max_episode_steps=120,
+    # The motion planner's demos take 62-79 steps (PushCube, PullCube) and 94-123 (StackCube),
+    # converted with demos.stride=2 31-40 and 53-64 (rlinf_embodied/sft/vla_demos.py).
+    max_episode_steps=80,
     camera_eye=(0.45, 0.0, 0.5),
     camera_target=(-0.05, 0.0, 0.0),
     camera_fov=1.0,

@@ -437,9 +437,9 @@ MANISKILL_LANG3_V1 = _maniskill(
     description="The maniskill_lang3 suite (PushCube, PullCube, StackCube with instructions, "
                 "envs/maniskill_suites.py): 50 held-out trials per task, trial i of every task "
                 "resets with seed env_seed + i; an episode ends at its first success or after "
-                "120 steps.",
+                "80 steps.",
     source="rlinf-embodied (language-conditioned ManiSkill suite)",
-    max_steps={"maniskill_lang3": 120},
+    max_steps={"maniskill_lang3": 80},
     trials_per_task=50,
     # Held out: demonstrations use seeds < 1_000_000, training resets run.seed x 1_000_000 +
     # phase x 500_000 + iteration x 1_000 + env (below this for run seeds under 990), in-training

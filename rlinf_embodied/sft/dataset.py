@@ -125,6 +125,12 @@ class RGBDemoDataset:
     Args:
         paths: converted HDF5 files, one per task (their JSON sidecars next to them).
         max_trajectories: load only the first this many episodes of each file; None: all.
+        trim_idle_start: drop each episode's leading steps whose largest absolute arm action
+            (all but the last dim) is below ``idle_fraction`` of the episode's largest: the
+            planner's motionless gripper closing and the start of its acceleration ramp. A
+            policy cloned on them outputs (nearly) no motion in the initial state, which then
+            never changes.
+        idle_fraction: see ``trim_idle_start``.
 
     Attributes:
         main_images: (M, H, W, 3) uint8.
@@ -142,7 +148,8 @@ class RGBDemoDataset:
             suites, or hold no ``rlinf`` metadata (not written by ``rlinf-embodied demos``).
     """
 
-    def __init__(self, paths, max_trajectories: int | None = None):
+    def __init__(self, paths, max_trajectories: int | None = None, trim_idle_start: bool = False,
+                 idle_fraction: float = 0.1):
         import h5py
 
         from rlinf_embodied.envs.maniskill import suite_obs
@@ -170,11 +177,18 @@ class RGBDemoDataset:
                            "agent": {"qpos": g["obs"]["agent"]["qpos"][:-1]},
                            "extra": {"tcp_pose": g["obs"]["extra"]["tcp_pose"][:-1]}}
                     obs = suite_obs(raw)
-                    t = int(g["actions"].shape[0])
-                    images.append(obs["main_images"])
-                    states.append(obs["states"])
-                    actions.append(torch.as_tensor(g["actions"][:], dtype=torch.float32))
-                    rewards.append(torch.as_tensor(g["rewards"][:], dtype=torch.float32).reshape(-1))
+                    act = torch.as_tensor(g["actions"][:], dtype=torch.float32)
+                    keep = slice(None)
+                    if trim_idle_start:
+                        arm = act[:, :-1].abs().amax(1)
+                        moving = (arm >= idle_fraction * arm.max()).nonzero()
+                        keep = slice(int(moving[0]) if len(moving) else 0, None)
+                    act = act[keep]
+                    t = int(act.shape[0])
+                    images.append(obs["main_images"][keep])
+                    states.append(obs["states"][keep])
+                    actions.append(act)
+                    rewards.append(torch.as_tensor(g["rewards"][:], dtype=torch.float32).reshape(-1)[keep])
                     episode.append(torch.full((t,), len(self.instructions), dtype=torch.long))
                     self.instructions.append(ep.get("instruction", info["instruction"]))
                     self.env_ids.append(info["env_id"])

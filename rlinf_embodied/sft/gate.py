@@ -99,7 +99,9 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         policy=str(checkpoint), protocol=protocol, trials_per_task=trials,
         num_envs=max(1, min(num_envs, n)), num_processes=num_processes, output=str(output),
         obs_mode=env_cfg.obs_mode, max_steps=max_steps,
-        device="cpu", policy_mode=policy_mode, reports=reports, env_overrides=overrides,
+        # a suite's VLA runs on the GPU when there is one (bf16 there), state policies on CPU
+        device=None if suite is not None else "cpu", policy_mode=policy_mode, reports=reports,
+        env_overrides=overrides,
     )
     results = evaluate(req)
     summary = results.summary()

@@ -73,22 +73,26 @@ def run_demos(cfg: SFTJobConfig, log=print, force: bool = False) -> Path:
 
 
 def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
-    """Stage 1 for a suite: RGB demos of every selected task (reused when each task's file
-    holds at least ``demos.num_trajectories`` episodes, unless ``force``)."""
+    """Stage 1 for a suite: RGB demos of every selected task (reused, unless ``force``, when
+    each task's converted file exists and came from at least ``demos.num_trajectories``
+    successful plans)."""
     from rlinf_embodied.sft.vla_demos import find_suite_demos, generate_suite_demos
 
     e, d = cfg.env, cfg.demos
     root = Path(d.dir) / e.suite
-    found = find_suite_demos(d.dir, e)
+    found = find_suite_demos(d.dir, e, d.stride)
+    # plans are counted (trajectories.json): a few plans may fail to replay in the policy's
+    # controller, so the converted files can hold fewer episodes than were asked for
     if not force and len(found) == len(e.env_ids()) and all(
-            len(json.loads(p.with_suffix(".json").read_text())["episodes"]) >= d.num_trajectories
-            for p in found.values()):
+            len(json.loads((p.parent / "trajectories.json").read_text())["episodes"]) >= d.num_trajectories
+            for p in found.values() if (p.parent / "trajectories.json").is_file()):
         log(f"demos: using {', '.join(str(p) for p in found.values())}")
         return root
     demo = generate_suite_demos(e, d.dir, d.num_trajectories, seed=d.seed,
                                 max_attempts_factor=d.max_attempts_factor,
-                                processes=d.processes, log=log)
-    atomic_write_json(root / f"generation.{e.control_mode}.{e.sensor_size}px.json", demo.to_dict())
+                                processes=d.processes, stride=d.stride, log=log)
+    atomic_write_json(root / f"generation.{e.control_mode}.{e.sensor_size}px.stride{d.stride}.json",
+                      demo.to_dict())
     return root
 
 
@@ -159,12 +163,13 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     if getattr(e, "suite", None) is None:
         raise ValueError(f"policy.type={cfg.policy.type} trains on a language-conditioned suite's "
                          "RGB demos; set env.suite (e.g. maniskill_lang3) and env.obs_mode=rgb.")
-    found = find_suite_demos(cfg.demos.dir, e)
+    found = find_suite_demos(cfg.demos.dir, e, cfg.demos.stride)
     missing = [t for t in e.env_ids() if t not in found]
     if missing:
         raise FileNotFoundError(f"No {e.control_mode} {e.sensor_size} px RGB demos of {missing} under "
                                 f"{cfg.demos.dir}/{e.suite}; run `rlinf-embodied demos CONFIG.yaml` first.")
-    data = RGBDemoDataset([found[t] for t in e.env_ids()], max_trajectories=cfg.demos.num_trajectories)
+    data = RGBDemoDataset([found[t] for t in e.env_ids()], max_trajectories=cfg.demos.num_trajectories,
+                          trim_idle_start=cfg.demos.trim_idle_start)
     data.check_env(e)
     log(f"sft: {data.num_trajectories} demos, {len(data)} transitions of {', '.join(e.env_ids())}")
     spec = space_spec_of(e)
@@ -172,7 +177,9 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     pcfg = dataclasses.replace(cfg.policy, checkpoint=None, pretrained=None)
     if pcfg.image_preprocessing == "auto":  # what a tiny preset resolves to; kept once pretrained
         pcfg = dataclasses.replace(pcfg, image_preprocessing="fast")
-    policy = build_policy(pcfg, spec)
+    from rlinf_embodied.policies.prismatic_config import select_device_dtype
+
+    policy = build_policy(pcfg, spec).to(select_device_dtype(None, pcfg.dtype)[0])
     key = f"{e.suite}_{e.control_mode}"
     policy.set_dataset_statistics(data.statistics(key), key)
     metrics = train_vla_bc(policy, data, cfg.bc, log=log)
@@ -344,7 +351,8 @@ def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
 
     e = cfg.env
     if getattr(e, "suite", None) is not None:
-        gen = read(Path(cfg.demos.dir) / e.suite / f"generation.{e.control_mode}.{e.sensor_size}px.json")
+        gen = read(Path(cfg.demos.dir) / e.suite /
+                   f"generation.{e.control_mode}.{e.sensor_size}px.stride{cfg.demos.stride}.json")
         if gen:
             out["demos"] = {"wall_s": gen["wall_s"], "env_steps": gen["env_steps"]}
     bc = read(run / "sft" / "bc_metrics.json")

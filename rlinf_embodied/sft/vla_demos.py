@@ -6,15 +6,22 @@ For each task of the suite (``env.suite``, ``env.task_ids``):
    (:func:`~rlinf_embodied.sft.demos.plan_demos`);
 2. convert and render in one pass: each planned episode is replayed with ManiSkill's controller
    conversion (``mani_skill.trajectory.utils.actions.from_pd_joint_pos``, what
-   ``replay_trajectory -c`` runs) into the policy's controller (``pd_ee_delta_pose``: 7-dim end
+   ``replay_trajectory -c`` runs), after keeping every ``stride``-th planned joint target (and
+   the last), into the policy's controller (``pd_ee_delta_pose``: 7-dim end
    effector delta pose, OpenVLA's action layout) inside the suite's own env
    (:func:`~rlinf_embodied.envs.maniskill.make_suite_task_env`: the suite camera at the env's
    ``sensor_size``), recorded with ManiSkill's ``RecordEpisode`` in its HDF5 trajectory format.
    Replays that do not end in success are dropped. Each episode's JSON entry carries its
    ``instruction``; the file's JSON carries ``suite``, ``control_mode``, ``sensor_size``.
 
+Why a stride: ManiSkill's planner moves slowly (62-79 control steps for PushCube and PullCube,
+94-123 for StackCube); every 2nd joint target still converts to a successful
+``pd_ee_delta_pose`` replay in every task (measured 8/8 per task) with half the steps and twice
+the motion per step, so episodes, evaluations and rollouts are twice as short, and the small
+first motions are no longer below the width of one action token.
+
 Files: ``<demos.dir>/<suite>/<env_id>/trajectories.h5`` (the plans) and
-``trajectories.rgb.<control_mode>.<size>px.h5`` (+ ``.json``). Tasks run in parallel
+``trajectories.rgb.<control_mode>.<size>px.stride<k>.h5`` (+ ``.json``). Tasks run in parallel
 processes (one per task, at most ``processes``). Read them with
 :class:`~rlinf_embodied.sft.dataset.RGBDemoDataset`.
 """
@@ -59,24 +66,25 @@ class SuiteDemoSet:
 
 
 def suite_demo_file(directory: str | Path, suite: str, env_id: str, control_mode: str,
-                    sensor_size: int) -> Path:
+                    sensor_size: int, stride: int = 1) -> Path:
     """Path of a task's converted RGB demo file (it may not exist)."""
     return (Path(directory) / suite / env_id /
-            f"trajectories.rgb.{control_mode}.{int(sensor_size)}px.h5")
+            f"trajectories.rgb.{control_mode}.{int(sensor_size)}px.stride{int(stride)}.h5")
 
 
-def find_suite_demos(directory: str | Path, env_cfg: Any) -> dict:
+def find_suite_demos(directory: str | Path, env_cfg: Any, stride: int = 1) -> dict:
     """env id -> converted demo file of every selected suite task that has one."""
     out = {}
     for env_id in env_cfg.env_ids():
-        p = suite_demo_file(directory, env_cfg.suite, env_id, env_cfg.control_mode, env_cfg.sensor_size)
+        p = suite_demo_file(directory, env_cfg.suite, env_id, env_cfg.control_mode,
+                            env_cfg.sensor_size, stride)
         if p.is_file() and p.with_suffix(".json").is_file():
             out[env_id] = p
     return out
 
 
 def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, seed: int = 0,
-                         max_attempts_factor: int = 3, processes: int = 2,
+                         max_attempts_factor: int = 3, processes: int = 2, stride: int = 1,
                          log=print) -> SuiteDemoSet:
     """Plan, convert and render ``per_task`` successful demonstrations of every selected task.
 
@@ -88,6 +96,7 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
         seed: first planning seed of every task.
         max_attempts_factor: planning attempts per wanted demo before giving up.
         processes: tasks converted at the same time (one process each).
+        stride: keep every ``stride``-th planned joint target (see the module docstring).
         log: progress printer.
 
     Raises:
@@ -104,7 +113,7 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
         check_solvable(env_id)
     t0 = time.perf_counter()
     jobs = [(env_cfg, str(directory), suite.tasks[t].env_id, suite.tasks[t].instruction, per_task,
-             seed, per_task * max_attempts_factor) for t in env_cfg.suite_task_ids()]
+             seed, per_task * max_attempts_factor, stride) for t in env_cfg.suite_task_ids()]
     result = SuiteDemoSet()
     workers = max(1, min(processes, len(jobs)))
     if workers == 1:
@@ -124,7 +133,7 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
 
 
 def _task_demos(env_cfg: Any, directory: str, env_id: str, instruction: str, n: int, seed: int,
-                max_attempts: int) -> dict:
+                max_attempts: int, stride: int) -> dict:
     """One task: plan, then convert + render (runs in a pool process)."""
     import torch
 
@@ -136,8 +145,9 @@ def _task_demos(env_cfg: Any, directory: str, env_id: str, instruction: str, n: 
                                   env_kwargs=env_cfg.suite_spec().env_kwargs())
     t0 = time.perf_counter()
     target = suite_demo_file(directory, env_cfg.suite, env_id, env_cfg.control_mode,
-                             env_cfg.sensor_size)
-    episodes, steps = _convert(env_cfg, env_id, instruction, out_dir / "trajectories.h5", target)
+                             env_cfg.sensor_size, stride)
+    episodes, steps = _convert(env_cfg, env_id, instruction, out_dir / "trajectories.h5", target,
+                               stride)
     convert_s = time.perf_counter() - t0
     lines.append(f"{env_id}: {episodes} of {len(kept)} plans replayed successfully in "
                  f"{env_cfg.control_mode} with the {env_cfg.sensor_size} px suite camera "
@@ -149,8 +159,10 @@ def _task_demos(env_cfg: Any, directory: str, env_id: str, instruction: str, n: 
             "planning_s": planning_s, "convert_s": convert_s, "log": lines}
 
 
-def _convert(env_cfg: Any, env_id: str, instruction: str, plans: Path, target: Path) -> tuple:
-    """Replay the planned episodes of ``plans`` into ``target``; returns (episodes, steps)."""
+def _convert(env_cfg: Any, env_id: str, instruction: str, plans: Path, target: Path,
+             stride: int = 1) -> tuple:
+    """Replay the planned episodes of ``plans`` (every ``stride``-th joint target and the last)
+    into ``target``; returns (episodes, steps)."""
     import gymnasium as gym
     import h5py
     from mani_skill.trajectory.utils.actions import conversion
@@ -179,6 +191,10 @@ def _convert(env_cfg: Any, env_id: str, instruction: str, plans: Path, target: P
         with h5py.File(plans, "r") as f:
             for ep in meta["episodes"]:
                 actions = f[f"traj_{ep['episode_id']}"]["actions"][:]
+                keep = list(range(stride - 1, len(actions), stride))
+                if not keep or keep[-1] != len(actions) - 1:
+                    keep.append(len(actions) - 1)
+                actions = actions[keep]
                 s = int(ep["episode_seed"])
                 env.reset(seed=s)
                 ori.reset(seed=s)
@@ -198,6 +214,6 @@ def _convert(env_cfg: Any, env_id: str, instruction: str, plans: Path, target: P
             ep["instruction"] = instruction
         data["rlinf"] = {"suite": env_cfg.suite, "env_id": env_id, "instruction": instruction,
                          "control_mode": env_cfg.control_mode, "sensor_size": int(env_cfg.sensor_size),
-                         "obs_mode": "rgb"}
+                         "obs_mode": "rgb", "stride": int(stride)}
         side.write_text(json.dumps(data, indent=1))
     return episodes, steps

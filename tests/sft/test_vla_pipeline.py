@@ -58,7 +58,7 @@ def test_suite_env_serves_a_mix_of_tasks():
         assert obs["task_descriptions"][1].startswith("stack")
         obs, *_ = env.step(torch.zeros(3, 7))
         assert obs["task_descriptions"][1].startswith("stack")
-        assert env.max_episode_steps == 120
+        assert env.max_episode_steps == 80
     finally:
         env.close()
     with pytest.raises(ConfigError, match="task_ids"):
