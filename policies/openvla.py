@@ -112,7 +112,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         """See :meth:`VLAPolicyBase.sft_loss`: next-token cross-entropy of the action tokens."""
         bins, readout = self._teacher_forced(forward_inputs)
         loss, metrics = self.token_sft_loss(readout, bins)
-        return loss, metrics, self.values_from(readout[:, 0])
+        return loss, metrics, self.values_from(readout[:, 0].detach())
 
     def evaluate(
         self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor | None = None

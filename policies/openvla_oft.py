@@ -232,7 +232,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         head) or OFT's L1 regression of the normalised chunk (continuous head), one pass."""
         samples = self.require_samples(forward_inputs)
         readout = self._readout(forward_inputs)
-        values = self.values_from(readout[:, 0])
+        values = self.values_from(readout[:, 0].detach())
         if self.action_head is None:
             loss, metrics = self.token_sft_loss(readout, samples.reshape(samples.shape[0], -1))
             return loss, metrics, values

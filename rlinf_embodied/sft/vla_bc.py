@@ -8,9 +8,9 @@ q01/q99 statistics, installed in the policy first
 (:meth:`~rlinf_embodied.policies.vla.VLAPolicyBase.set_dataset_statistics`) and saved with the
 checkpoint as the published models carry them, so SFT, RL and evaluation un-normalise alike.
 
-With ``bc.value_gamma`` and a value head (PPO), the value head is fitted to the
-demonstrations' discounted returns in the same passes, so PPO does not start from a random
-critic. ``bc.image_shift`` adds random-shift augmentation (pad by edge pixels, crop back).
+With ``bc.value_gamma`` and a value head (PPO), the value head alone (on the detached hidden
+state) is fitted to the demonstrations' discounted returns in the same passes, so PPO does not
+start from a random critic and the action objective is not disturbed. ``bc.image_shift`` adds random-shift augmentation (pad by edge pixels, crop back).
 """
 
 from __future__ import annotations
