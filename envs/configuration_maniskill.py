@@ -6,7 +6,7 @@ Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from rlinf_embodied.config import ConfigError, EnvConfig
 
@@ -33,6 +33,36 @@ class ManiSkillEnvConfig(EnvConfig):
     (``sensor_size`` pixels) so state policies get videos; costs a CPU render per step."""
     task_description: Optional[str] = None
     """Language instruction; None uses the per-task table."""
+    suite: Optional[str] = None
+    """A language-conditioned suite of several tasks (envs/maniskill_suites.py, e.g.
+    ``maniskill_lang3``): every env serves a mix of the suite's tasks with the suite's camera,
+    8-dim proprio ``states`` and instructions; ``env_id`` and ``task_description`` are then
+    unused. None: the single task ``env_id``."""
+    task_ids: Optional[List[int]] = None
+    """Tasks of ``suite`` (indices into its task list) the envs serve; a seeded reset picks
+    ``task_ids[seed % len(task_ids)]``. None: every task of the suite."""
+
+    def suite_spec(self):
+        """The :class:`~rlinf_embodied.envs.maniskill_suites.ManiSkillSuite` of ``suite``, or None."""
+        if self.suite is None:
+            return None
+        from rlinf_embodied.envs.maniskill_suites import get_suite
+
+        return get_suite(self.suite)
+
+    def suite_task_ids(self) -> List[int]:
+        """``task_ids``, or every task of the suite when None ([] without a suite)."""
+        suite = self.suite_spec()
+        if suite is None:
+            return []
+        return list(self.task_ids) if self.task_ids is not None else list(range(len(suite.tasks)))
+
+    def env_ids(self) -> List[str]:
+        """The env ids this config runs: the suite's selected tasks, or ``[env_id]``."""
+        suite = self.suite_spec()
+        if suite is None:
+            return [self.env_id]
+        return [suite.tasks[t].env_id for t in self.suite_task_ids()]
 
     def check_available(self) -> None:
         """``env_id`` is a registered ManiSkill3 env.
@@ -44,9 +74,10 @@ class ManiSkillEnvConfig(EnvConfig):
 
         from rlinf_embodied.config import check_registered_env_id
 
-        check_registered_env_id(
-            self.env_id, "ManiSkill3",
-            ".venv/bin/python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
+        for env_id in self.env_ids():
+            check_registered_env_id(
+                env_id, "ManiSkill3",
+                ".venv/bin/python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
 
     def __post_init__(self):
         super().__post_init__()
@@ -58,3 +89,18 @@ class ManiSkillEnvConfig(EnvConfig):
             raise ConfigError(
                 f"env.sim_backend must be auto, physx_cpu or physx_cuda (got {self.sim_backend!r})."
             )
+        if self.suite is not None:
+            try:
+                suite = self.suite_spec()
+            except ValueError as e:
+                raise ConfigError(f"env.suite: {e}") from None
+            if self.obs_mode != "rgb":
+                raise ConfigError(f"env.suite={self.suite} gives camera images; set env.obs_mode=rgb "
+                                  f"(got {self.obs_mode!r}).")
+            bad = [t for t in (self.task_ids or []) if not 0 <= t < len(suite.tasks)]
+            if bad or self.task_ids == []:
+                raise ConfigError(f"env.task_ids {self.task_ids} must be non-empty indices into "
+                                  f"suite {self.suite}: {suite.listing()}.")
+        elif self.task_ids is not None:
+            raise ConfigError("env.task_ids selects tasks of env.suite; set env.suite (e.g. "
+                              "maniskill_lang3) or remove env.task_ids.")

@@ -26,11 +26,12 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .base import ActionSpec, EnvSpec, SubBatch, Transition
+from .maniskill_suites import task_for_reset
 from .pool import WorkerDevice, visible_cuda_devices
 from .vector import VectorBatchedEnv
 
-__all__ = ["ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "INSTRUCTIONS",
-           "default_instruction"]
+__all__ = ["ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "ManiSkillSuiteSubBatch",
+           "INSTRUCTIONS", "default_instruction", "make_suite_task_env", "suite_obs"]
 
 #: Language instructions per ManiSkill3 task (phrased after each task's documented goal).
 INSTRUCTIONS: Dict[str, str] = {
@@ -75,20 +76,47 @@ def _registered(env_id: str):
     return REGISTERED_ENVS[env_id]
 
 
-def _make(cfg: Any, num_envs: int, sim_backend: str, render_backend: str):
+def _make(cfg: Any, num_envs: int, sim_backend: str, render_backend: str, env_id: Optional[str] = None):
     import gymnasium as gym
 
-    _registered(cfg.env_id)
+    env_id = env_id or cfg.env_id
+    _registered(env_id)
     kwargs: Dict[str, Any] = dict(
         num_envs=num_envs, obs_mode=cfg.obs_mode, control_mode=cfg.control_mode,
         reward_mode=cfg.reward_mode, sim_backend=sim_backend, render_backend=render_backend,
     )
+    suite = cfg.suite_spec() if getattr(cfg, "suite", None) else None
+    if suite is not None:
+        kwargs.update(suite.env_kwargs())
     if cfg.obs_mode == "rgb":
-        kwargs["sensor_configs"] = dict(width=cfg.sensor_size, height=cfg.sensor_size)
+        kwargs["sensor_configs"] = (suite.sensor_configs(cfg.sensor_size) if suite is not None
+                                    else dict(width=cfg.sensor_size, height=cfg.sensor_size))
     if _renders_video(cfg):
         kwargs["render_mode"] = "rgb_array"
         kwargs["human_render_camera_configs"] = dict(width=cfg.sensor_size, height=cfg.sensor_size)
-    return gym.make(cfg.env_id, disable_env_checker=True, **kwargs).unwrapped  # no TimeLimit
+    return gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped  # no TimeLimit
+
+
+def make_suite_task_env(cfg: Any, env_id: str, render_backend: str = "cpu"):
+    """One physx_cpu ManiSkill env of a suite task with the suite's camera (``cfg.suite``), its
+    controller, obs mode and reward mode; no time limit. Demonstrations are recorded in it, so
+    that they show what the policy will see (:mod:`rlinf_embodied.sft.vla_demos`)."""
+    return _make(cfg, 1, "physx_cpu", render_backend, env_id=env_id)
+
+
+def suite_obs(raw: Any) -> Dict[str, Any]:
+    """A suite env's ManiSkill observation (live or recorded, leading dim B) -> contract keys:
+    ``main_images`` (B, H, W, 3) uint8 from the first camera, ``states`` (B, 8) float32
+    (:func:`~rlinf_embodied.envs.maniskill_suites.suite_states`), as torch tensors."""
+    import torch
+
+    from .maniskill_suites import suite_states
+
+    cams = raw["sensor_data"]
+    rgb = cams[next(iter(cams))]["rgb"]
+    rgb = rgb if isinstance(rgb, torch.Tensor) else torch.as_tensor(np.asarray(rgb))
+    return {"main_images": rgb[..., :3].to(torch.uint8),
+            "states": torch.as_tensor(suite_states(raw))}
 
 
 def _renders_video(cfg: Any) -> bool:
@@ -134,7 +162,7 @@ def _spec(env: Any, obs: Dict[str, Any], cfg: Any) -> EnvSpec:
     return EnvSpec(
         action=action,
         obs_shapes={k: tuple(v.shape[1:]) for k, v in obs.items()},
-        max_episode_steps=_registered(cfg.env_id).max_episode_steps,
+        max_episode_steps=_registered(env.spec.id if env.spec is not None else cfg.env_id).max_episode_steps,
         metadata={"control_freq_hz": getattr(env, "control_freq", None)},
     )
 
@@ -207,6 +235,78 @@ class ManiSkillSubBatch(SubBatch):
         self._envs = []
 
 
+class ManiSkillSuiteSubBatch(ManiSkillSubBatch):
+    """M envs of a language-conditioned suite (``env.suite``), each serving a mix of its tasks.
+
+    Each env slot keeps one physx_cpu ManiSkill instance per task it has run (built on first
+    use; GPU physics cannot mix tasks in one instance). The task of an episode is chosen at its
+    reset (:func:`~rlinf_embodied.envs.maniskill_suites.task_for_reset`): ``options["task_ids"]``,
+    else the seed, else the slot's previous task. Observations: the suite camera's
+    ``main_images``, 8-dim ``states`` and the task's instruction.
+    """
+
+    def __init__(self, cfg: Any, env_ids: List[int], device: Optional[WorkerDevice] = None):
+        self._cfg = cfg
+        self._suite = cfg.suite_spec()
+        self._task_ids = cfg.suite_task_ids()
+        self._render = f"cuda:{device.ordinal}" if device is not None else "cpu"
+        self._current = [self._task_ids[g % len(self._task_ids)] for g in env_ids]
+        self._slots: List[Dict[int, Any]] = [{} for _ in env_ids]
+        env = self._env(0, self._current[0])
+        raw, _ = env.reset(seed=0)
+        import dataclasses
+
+        self._spec = dataclasses.replace(_spec(env, suite_obs(raw), cfg),
+                                         max_episode_steps=self._suite.max_episode_steps)
+        self._envs = []
+        self._task = ""
+
+    def _env(self, i: int, task: int):
+        if task not in self._slots[i]:
+            self._slots[i][task] = _make(self._cfg, 1, "physx_cpu", self._render,
+                                         env_id=self._suite.task(task).env_id)
+        return self._slots[i][task]
+
+    def reset(self, local_ids, seeds, options) -> Transition:
+        import torch
+
+        parts, zeros, no, texts = [], [], [], []
+        for i, seed, opts in zip(local_ids, seeds, options):
+            opts = dict(opts or {})
+            task = task_for_reset(self._task_ids, self._current[i], seed, opts.pop("task_ids", None))
+            self._suite.task(task)  # a clear error for an unknown task id
+            self._current[i] = task
+            raw, _ = self._env(i, task).reset(seed=seed, options=opts or None)
+            parts.append(suite_obs(raw))
+            texts.append(self._suite.tasks[task].instruction)
+            zeros.append(torch.zeros(1))
+            no.append(torch.zeros(1, dtype=torch.bool))
+        tr = self._pack(parts, zeros, no, no, no, reset=True)
+        tr.task_descriptions = texts
+        return tr
+
+    def step(self, local_ids, actions) -> Transition:
+        parts, rew, term, trunc, succ = [], [], [], [], []
+        for j, i in enumerate(local_ids):
+            raw, r, te, tu, info = self._slots[i][self._current[i]].step(actions[j : j + 1])
+            parts.append(suite_obs(raw))
+            rew.append(r)
+            term.append(te)
+            trunc.append(tu)
+            succ.append(info["success"])
+        return self._pack(parts, rew, term, trunc, succ, reset=False)
+
+    def get_task_ids(self, local_ids) -> List[int]:
+        """The suite task id each env runs now."""
+        return [self._current[i] for i in local_ids]
+
+    def close(self) -> None:
+        for slot in self._slots:
+            for env in slot.values():
+                env.close()
+        self._slots = []
+
+
 class ManiSkillGPUSubBatch(SubBatch):
     """All N envs in one GPU-physics ManiSkill instance (``physx_cuda``); tensors stay on the GPU.
 
@@ -269,8 +369,17 @@ class ManiSkillEnv(VectorBatchedEnv):
     """
 
     def __init__(self, cfg: Any):
-        _registered(cfg.env_id)  # fail fast, in this process, with close matches
         gpus = visible_cuda_devices()
+        if getattr(cfg, "suite", None):
+            for env_id in cfg.env_ids():
+                _registered(env_id)
+            # Envs mixing tasks are one physx_cpu instance per task and slot; on a GPU machine
+            # the pool workers render on their GPU.
+            super().__init__(functools.partial(ManiSkillSuiteSubBatch, cfg), cfg,
+                             num_processes=cfg.num_processes,
+                             default_max_episode_steps=cfg.suite_spec().max_episode_steps)
+            return
+        _registered(cfg.env_id)  # fail fast, in this process, with close matches
         backend = cfg.sim_backend
         if backend == "auto":
             backend = "physx_cuda" if gpus else "physx_cpu"

@@ -197,8 +197,35 @@ class _SeededFamily(EnvFamily):
 
 
 class _ManiSkillFamily(_SeededFamily):
+    """ManiSkill: one env id (``--task``), or the tasks of a language-conditioned suite
+    (``--suite maniskill_lang3 [--tasks 0,2]``, envs/maniskill_suites.py): trial i of every task
+    resets with seed ``protocol.env_seed + i``."""
+
     name = "maniskill"
     films_state_policies = True  # its human camera (env render_images)
+
+    def __init__(self, req: EvalRequest, protocol: Protocol):
+        self.suite = None
+        if req.suite is None:
+            super().__init__(req, protocol)
+            return
+        EnvFamily.__init__(self, req, protocol)
+        from rlinf_embodied.envs.maniskill_suites import get_suite
+
+        try:
+            self.suite = get_suite(req.suite)
+        except ValueError as e:
+            raise EvalError(f"--suite: {e}") from None
+        if req.task is not None:
+            raise EvalError(f"--suite {req.suite} evaluates its own tasks; select them with "
+                            f"--tasks ({self.suite.listing()}), not --task.")
+        n = len(self.suite.tasks)
+        tasks = list(range(n)) if req.tasks is None else list(req.tasks)
+        bad = [t for t in tasks if not (isinstance(t, int) and 0 <= t < n)]
+        if bad or not tasks:
+            raise EvalError(f"Unknown task id(s) {bad or tasks} for {req.suite}; valid ids are "
+                            f"0..{n - 1} (--tasks 0,2): {self.suite.listing()}.")
+        self._tasks = tasks
 
     @staticmethod
     def config_class() -> type:
@@ -206,20 +233,54 @@ class _ManiSkillFamily(_SeededFamily):
 
         return ManiSkillEnvConfig
 
+    def tasks(self) -> List[Any]:
+        return self._tasks if self.suite is not None else super().tasks()
+
     def instruction(self, task: Any) -> str:
-        return str(task)
+        return self.suite.tasks[task].instruction if self.suite is not None else str(task)
+
+    def max_steps(self) -> Optional[int]:
+        if self.suite is None:
+            return super().max_steps()
+        return self.protocol.max_steps_for(self.suite.name)
 
     def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
                    first: Sequence[Pair]) -> Any:
-        values = dict(env_id=self.req.task, num_envs=num_envs, num_processes=num_processes,
+        values = dict(num_envs=num_envs, num_processes=num_processes,
                       obs_mode=obs_mode, ignore_terminations=self.protocol.ignore_terminations,
                       max_episode_steps=self.max_steps(), seed=self.config_seed())
+        if self.suite is not None:
+            values.update(suite=self.suite.name, task_ids=list(self._tasks))
+        else:
+            values["env_id"] = self.req.task
         if obs_mode == "state" and self.req.video != "none":
             values["render_images"] = True  # frames of the human camera for the MP4s
         if self.protocol.image_size is not None:
             values["sensor_size"] = self.protocol.image_size
         values.update(self.req.env_overrides)
         return self.config_class()(**values)
+
+    def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
+        if self.suite is None:
+            return super().reset(env, ids, pairs, first)
+        seeds = [self.protocol.env_seed + trial for _, trial in pairs]
+        tasks = [t for t, _ in pairs]
+        if ids == list(range(env.num_envs)) and seeds == list(range(seeds[0], seeds[0] + len(ids))):
+            obs, _ = env.reset(seed=seeds[0], options={"task_ids": tasks})  # env i: seed + i
+            return obs
+        if first:
+            env.reset(seed=self.protocol.env_seed, options={"task_ids": [tasks[0]] * env.num_envs})
+        obs = None
+        for i, s, t in zip(ids, seeds, tasks):
+            obs, _ = env.reset(seed=s - i, env_ids=[i], options={"task_ids": [t]})
+        return obs
+
+    def header(self) -> Dict[str, Any]:
+        if self.suite is None:
+            return super().header()
+        return {"suite": self.suite.name,
+                "task_names": {str(t): f"{self.suite.tasks[t].env_id}: {self.suite.tasks[t].instruction}"
+                               for t in self._tasks}}
 
 
 class _GymFamily(_SeededFamily):
@@ -262,7 +323,15 @@ def resolve_protocol(req: EvalRequest) -> Protocol:
     if req.policy_mode is not None and req.policy_mode not in POLICY_MODES:
         raise EvalError(f"--policy-mode must be one of {', '.join(POLICY_MODES)} "
                         f"(got {req.policy_mode!r}).")
-    protocol = get_protocol(req.protocol or DEFAULT_PROTOCOLS[req.env], env=req.env)
+    default = DEFAULT_PROTOCOLS[req.env]
+    if req.env == "maniskill" and req.suite is not None and req.protocol is None:
+        from rlinf_embodied.envs.maniskill_suites import get_suite
+
+        try:
+            default = get_suite(req.suite).protocol
+        except ValueError as e:
+            raise EvalError(f"--suite: {e}") from None
+    protocol = get_protocol(req.protocol or default, env=req.env)
     return protocol.with_overrides(
         trials_per_task=req.trials_per_task, max_steps=req.max_steps,
         num_settle_steps=req.num_settle_steps, image_size=req.image_size,

@@ -17,6 +17,8 @@ Sources (see REFERENCE.md "LIBERO evaluation protocols in use"):
   toy envs and users' own tasks.
 * ``maniskill_fair_v1``: ManiSkill3's fair evaluation (terminations ignored; success_once and
   success_at_end reported; ManiSkill PPO baseline eval).
+* ``maniskill_lang3_v1``: the language-conditioned ManiSkill suite ``maniskill_lang3``, 50
+  held-out seeds per task, episodes end at their first success.
 
 Simulator versions (ENVIRONMENT.md "Version facts that change results"): MuJoCo >= 3.4 changes
 how LIBERO initial states settle and >= 3.3.3 renders LIBERO-Object floors darker; robosuite 1.5
@@ -406,26 +408,45 @@ RLINF_512 = _libero(
     settle_action=ZERO_ACTION,
 )
 
-MANISKILL_FAIR_V1 = register_protocol(Protocol(
+def _maniskill(**fields: Any) -> Protocol:
+    """Register a ManiSkill protocol: no settling, unrotated images, global seed 0 and the
+    pinned ManiSkill stack unless ``fields`` say otherwise."""
+    values: Dict[str, Any] = dict(
+        version=1, env="maniskill", num_settle_steps=0, settle_action=None, image_size=None,
+        rotate_180=False, global_seed=0, requires=_MANISKILL_STACK,
+    )
+    values.update(fields)
+    return register_protocol(Protocol(**values))
+
+
+MANISKILL_FAIR_V1 = _maniskill(
     name="maniskill_fair_v1",
-    version=1,
-    env="maniskill",
     description="ManiSkill3 fair evaluation: terminations ignored, success_once and "
                 "success_at_end; trial i resets with seed env_seed + i.",
     source="ManiSkill3 PPO baseline evaluation",
     # Empty: each env's registered time limit (PushCube-v1 / PickCube-v1: 50 steps), the
     # horizon ManiSkill's own evaluation uses.
     max_steps={},
-    num_settle_steps=0,
-    settle_action=None,
     trials_per_task=100,
-    image_size=None,
-    rotate_180=False,
     env_seed=1_000_000,
-    global_seed=0,
     ignore_terminations=True,
-    requires=_MANISKILL_STACK,
-))
+)
+
+MANISKILL_LANG3_V1 = _maniskill(
+    name="maniskill_lang3_v1",
+    description="The maniskill_lang3 suite (PushCube, PullCube, StackCube with instructions, "
+                "envs/maniskill_suites.py): 50 held-out trials per task, trial i of every task "
+                "resets with seed env_seed + i; an episode ends at its first success or after "
+                "80 steps.",
+    source="rlinf-embodied (language-conditioned ManiSkill suite)",
+    max_steps={"maniskill_lang3": 80},
+    trials_per_task=50,
+    # Held out: demonstrations use seeds < 1_000_000, training resets run.seed x 1_000_000 +
+    # phase x 500_000 + iteration x 1_000 + env (below this for run seeds under 990), in-training
+    # evaluation eval.seed_offset (2e9) and up; env seeds must stay below 1e9.
+    env_seed=990_000_000,
+    ignore_terminations=False,
+)
 
 SEEDED_V1 = register_protocol(Protocol(
     name="seeded_v1",

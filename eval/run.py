@@ -135,8 +135,13 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         print(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).",
               file=sys.stderr)
         req = dataclasses.replace(req, env=str(run_env["type"]))
-    if (req.task is None and req.env in ("gym", "maniskill") and run_env.get("env_id")
+    if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
             and run_env.get("type", req.env) == req.env):
+        print(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).",
+              file=sys.stderr)
+        req = dataclasses.replace(req, suite=str(run_env["suite"]))
+    if (req.task is None and req.suite is None and req.env in ("gym", "maniskill")
+            and run_env.get("env_id") and run_env.get("type", req.env) == req.env):
         print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
               file=sys.stderr)
         req = dataclasses.replace(req, task=str(run_env["env_id"]))

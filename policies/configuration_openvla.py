@@ -6,10 +6,68 @@ Registered by type in :mod:`rlinf_embodied.config.components`; loaded lazily by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 from rlinf_embodied.config import ConfigError, PolicyConfig
+
+
+@dataclass
+class TinyArchConfig:
+    """Sizes of ``policy.preset: tiny``: the 7B model's modules and parameter names (fused
+    DINOv2 + SigLIP ViTs, projector, Llama), small widths and depths
+    (:func:`~rlinf_embodied.policies.prismatic_config.tiny_arch_dict`)."""
+
+    image_size: int = 112
+    """Input resolution of both ViTs in pixels, a multiple of ``patch_size`` (the 7B model:
+    224). Env images are resized to it."""
+    patch_size: int = 14
+    """ViT patch size in pixels (the 7B model: 14); (image_size / patch_size)^2 patches per
+    image and backbone."""
+    vit_dims: List[int] = field(default_factory=lambda: [32, 48])
+    """Widths of the DINOv2-style and SigLIP-style ViTs (7B: 1024, 1152)."""
+    vit_depth: int = 2
+    """Blocks per ViT; features come from the second-to-last one, as in Prismatic (7B: 24, 27)."""
+    vit_heads: int = 2
+    llm_hidden: int = 64
+    """Llama width (7B: 4096)."""
+    llm_layers: int = 2
+    """Llama layers (7B: 32)."""
+    llm_heads: int = 4
+    n_action_bins: int = 256
+    """Action tokens per dimension, the last ids of the vocabulary (OpenVLA: 256 uniform bins
+    on [-1, 1] of the q01/q99-normalised action)."""
+    words: List[str] = field(default_factory=list)
+    """Whole words the tiny tokenizer keeps as single ids (the prompt template's and the
+    instructions'); the rest of the text is character-level. [] (default): all
+    character-level, about 80 prompt ids for a ManiSkill instruction instead of about 20."""
+
+    def __post_init__(self):
+        if self.patch_size < 1 or self.image_size % self.patch_size:
+            raise ConfigError(f"policy.tiny.image_size ({self.image_size}) must be a multiple of "
+                              f"policy.tiny.patch_size ({self.patch_size}).")
+        if len(self.vit_dims) != 2:
+            raise ConfigError(f"policy.tiny.vit_dims needs two widths, one per backbone (got {self.vit_dims}).")
+        for d in self.vit_dims:
+            if d % self.vit_heads:
+                raise ConfigError(f"policy.tiny.vit_dims {self.vit_dims} must be multiples of "
+                                  f"policy.tiny.vit_heads ({self.vit_heads}).")
+        if self.llm_hidden % self.llm_heads:
+            raise ConfigError(f"policy.tiny.llm_hidden ({self.llm_hidden}) must be a multiple of "
+                              f"policy.tiny.llm_heads ({self.llm_heads}).")
+        if not 2 <= self.n_action_bins <= 256:
+            raise ConfigError(f"policy.tiny.n_action_bins must be in [2, 256] (got {self.n_action_bins}).")
+        if self.vit_depth < 2:
+            raise ConfigError(f"policy.tiny.vit_depth must be >= 2: features come from the "
+                              f"second-to-last block (got {self.vit_depth}).")
+
+    def arch_kwargs(self) -> dict:
+        """Keyword arguments of :func:`~rlinf_embodied.policies.prismatic_config.tiny_arch_dict`."""
+        return dict(image_size=self.image_size, patch_size=self.patch_size,
+                    vit_dims=tuple(self.vit_dims), vit_depth=self.vit_depth,
+                    vit_heads=self.vit_heads, llm_hidden=self.llm_hidden,
+                    llm_layers=self.llm_layers, llm_heads=self.llm_heads,
+                    n_action_bins=self.n_action_bins)
 
 
 @dataclass
@@ -28,6 +86,9 @@ class VLAPolicyConfig(PolicyConfig):
     preset: str = "tiny"
     """Architecture when ``pretrained`` is None: ``tiny`` (CPU tests, same module structure) or
     ``openvla-7b`` (DINOv2+SigLIP, Llama-2 7B; random weights, for memory/throughput checks)."""
+    tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    """Sizes of ``preset: tiny`` (ignored with ``pretrained``: the checkpoint's config.json
+    holds its sizes)."""
     unnorm_key: Optional[str] = None
     """Dataset whose q01/q99 statistics un-normalise actions (e.g. ``libero_spatial_no_noops``);
     None when the checkpoint has exactly one."""

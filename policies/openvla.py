@@ -95,6 +95,25 @@ class OpenVLAPolicy(VLAPolicyBase):
         actions = self.to_env(self.tokenizer.decode_bins(bins_t))
         return ActionOutput(actions, self.to_granularity(logp_t), values, fi)
 
+    def _teacher_forced(self, forward_inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One causal pass over prompt + stored tokens: ((N, K*A) bins, (N, K*A, D) readouts)."""
+        bins = self.require_samples(forward_inputs).reshape(-1, self.num_action_tokens)
+        embeds, valid = self.prefix(forward_inputs)
+        start = embeds.shape[1] - 1  # readout of the first action token: the last prompt token
+        fed = self.vlm.embed_tokens(self.tokenizer.bins_to_tokens(bins[:, :-1]))
+        embeds = torch.cat([embeds, fed], dim=1)
+        valid = torch.cat([valid, torch.ones_like(bins[:, :-1], dtype=torch.bool)], dim=1)
+        hidden, _ = self.vlm.decode(
+            embeds, attention_bias(causal_allowed(valid), embeds.dtype), self.positions(valid)
+        )
+        return bins, hidden[:, start : start + self.num_action_tokens]
+
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor]):
+        """See :meth:`VLAPolicyBase.sft_loss`: next-token cross-entropy of the action tokens."""
+        bins, readout = self._teacher_forced(forward_inputs)
+        loss, metrics = self.token_sft_loss(readout, bins)
+        return loss, metrics, self.values_from(readout[:, 0].detach())
+
     def evaluate(
         self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor | None = None
     ) -> Evaluation:
@@ -111,16 +130,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         Raises:
             ValueError: if ``action_samples`` is missing.
         """
-        bins = self.require_samples(forward_inputs).reshape(-1, self.num_action_tokens)
-        embeds, valid = self.prefix(forward_inputs)
-        start = embeds.shape[1] - 1  # readout of the first action token: the last prompt token
-        fed = self.vlm.embed_tokens(self.tokenizer.bins_to_tokens(bins[:, :-1]))
-        embeds = torch.cat([embeds, fed], dim=1)
-        valid = torch.cat([valid, torch.ones_like(bins[:, :-1], dtype=torch.bool)], dim=1)
-        hidden, _ = self.vlm.decode(
-            embeds, attention_bias(causal_allowed(valid), embeds.dtype), self.positions(valid)
-        )
-        readout = hidden[:, start : start + self.num_action_tokens]
+        bins, readout = self._teacher_forced(forward_inputs)
         logp, ent = self.score(self.token_logprobs(readout), bins)
         values = self.values_from(readout[:, 0])
         return self.finish(self.reshape_chunk(logp), self.reshape_chunk(ent), values)

@@ -30,19 +30,18 @@ statistics, clipped to [-1, 1] and projected by ``fc1 -> GELU -> fc2`` into one 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from rlinf_embodied.policies.action_tokenizer import ActionNormalizer
 from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, check_mode
 from rlinf_embodied.policies.prismatic_model import attention_bias, causal_allowed
-from rlinf_embodied.policies.vla import VLAPolicyBase, gaussian_logprob_entropy
+from rlinf_embodied.policies.vla import VLAPolicyBase, gaussian_logprob_entropy, load_head
 from torch import nn
 
 from rlinf_embodied.policies.configuration_openvla import OpenVLAOFTPolicyConfig
 
-__all__ = ["L1RegressionActionHead", "MLPResNet", "OpenVLAOFTPolicy", "ProprioProjector", "load_oft_head"]
+__all__ = ["L1RegressionActionHead", "MLPResNet", "OpenVLAOFTPolicy", "ProprioProjector"]
 
 
 class ProprioProjector(nn.Module):
@@ -106,33 +105,6 @@ class L1RegressionActionHead(nn.Module):
         return self.model(x).float()
 
 
-def load_oft_head(directory: str | Path, prefix: str, module: nn.Module) -> Path:
-    """Load ``{prefix}--*checkpoint.pt`` from an OFT checkpoint directory into ``module``.
-
-    Files are read with ``torch.load(weights_only=True)`` (tensors only, no code) and a DDP
-    ``module.`` prefix is stripped, as upstream's ``load_component_state_dict`` does.
-
-    Raises:
-        FileNotFoundError: no or several matching files (names the pattern and directory).
-        ValueError: the tensors do not fit ``module`` (e.g. another action dim or LM width).
-    """
-    directory = Path(directory)
-    files = sorted(p for p in directory.glob(f"{prefix}--*") if "checkpoint" in p.name and p.suffix == ".pt")
-    if len(files) != 1:
-        raise FileNotFoundError(
-            f"Expected exactly one {prefix}--*_checkpoint.pt in {directory}, found "
-            f"{[p.name for p in files]}; copy the OFT head files next to the weights or disable "
-            "the component (policy.use_proprio / policy.action_head)."
-        )
-    raw = torch.load(files[0], map_location="cpu", weights_only=True)
-    sd = {(k.removeprefix("module.")): v for k, v in raw.items()}
-    try:
-        module.load_state_dict(sd, strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"{files[0]} does not fit {type(module).__name__}: {e}") from None
-    return files[0]
-
-
 class OpenVLAOFTPolicy(VLAPolicyBase):
     """OpenVLA-OFT with parallel decoding, action chunks, wrist image and proprio.
 
@@ -189,9 +161,9 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         )
         if config.pretrained:
             if self.proprio_projector is not None:
-                load_oft_head(config.pretrained, "proprio_projector", self.proprio_projector)
+                load_head(config.pretrained, "proprio_projector", self.proprio_projector)
             if self.action_head is not None:
-                load_oft_head(config.pretrained, "action_head", self.action_head)
+                load_head(config.pretrained, "action_head", self.action_head)
 
     @property
     def num_action_tokens(self) -> int:
@@ -200,7 +172,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
 
     def extra_heads(self) -> dict[str, nn.Module]:
         heads = {"proprio_projector": self.proprio_projector, "action_head": self.action_head}
-        return {k: v for k, v in heads.items() if v is not None}
+        return {**{k: v for k, v in heads.items() if v is not None}, **super().extra_heads()}
 
     # ------------------------------------------------------------------ the parallel pass
     def _allowed(self, valid: torch.Tensor, block_start: int) -> torch.Tensor:
@@ -236,6 +208,37 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
     def _gaussian(self, readout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean = self.action_head(readout, self.action_chunk)  # (N, K, A)
         return mean, self.action_log_std.float().expand_as(mean)
+
+    @property
+    def continuous_actions(self) -> bool:
+        """True with the continuous (L1-regression) head."""
+        return self.action_head is not None
+
+    def set_dataset_statistics(self, norm_stats, unnorm_key: str) -> None:
+        """See :meth:`VLAPolicyBase.set_dataset_statistics`; also the proprio statistics.
+
+        Raises:
+            ValueError: ``policy.use_proprio`` and the statistics have no matching ``proprio``.
+        """
+        super().set_dataset_statistics(norm_stats, unnorm_key)
+        if self.proprio_projector is not None:
+            if "proprio" not in self.dataset_stats:
+                raise ValueError(f"Statistics {unnorm_key!r} have no 'proprio' entry but "
+                                 "policy.use_proprio is true.")
+            self.proprio_norm = ActionNormalizer.from_stats(self.dataset_stats["proprio"])
+
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor]):
+        """See :meth:`VLAPolicyBase.sft_loss`: cross-entropy of every action token (discrete
+        head) or OFT's L1 regression of the normalised chunk (continuous head), one pass."""
+        samples = self.require_samples(forward_inputs)
+        readout = self._readout(forward_inputs)
+        values = self.values_from(readout[:, 0].detach())
+        if self.action_head is None:
+            loss, metrics = self.token_sft_loss(readout, samples.reshape(samples.shape[0], -1))
+            return loss, metrics, values
+        mean = self.action_head(readout, self.action_chunk)
+        loss = (mean - samples.float()).abs().mean()
+        return loss, {"l1": float(loss.detach())}, values
 
     # ------------------------------------------------------------------ contract
     @torch.no_grad()

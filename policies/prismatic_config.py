@@ -195,22 +195,29 @@ def tiny_arch_dict(
     llm_hidden: int = 64,
     llm_layers: int = 2,
     base_vocab: int = 768,
+    patch_size: int = 14,
+    vit_heads: int = 2,
+    llm_heads: int = 4,
+    n_action_bins: int = 256,
 ) -> dict[str, Any]:
     """A tiny Prismatic config with the 7B model's module structure and parameter names.
 
-    Same timm ids (DINOv2-reg4 + SigLIP, patch 14), fused 3-layer projector and Llama LM, with
-    small widths: ``image_size`` must be a multiple of 14 (112 px gives 64 patches per backbone).
+    Same timm ids (DINOv2-reg4 + SigLIP), fused 3-layer projector and Llama LM, with small
+    widths: ``image_size`` must be a multiple of ``patch_size`` (112 px at patch 14 gives 64
+    patches per backbone; a patch size other than 14 goes into ``timm_model_kwargs``).
     The base vocabulary (512 text ids + 256 action ids by default) is padded by 64 like OpenVLA's.
     """
-    if image_size % 14:
-        raise ValueError(f"image_size must be a multiple of the patch size 14 (got {image_size}).")
+    if image_size % patch_size:
+        raise ValueError(f"image_size must be a multiple of the patch size {patch_size} "
+                         f"(got {image_size}).")
+    patch = {} if patch_size == 14 else {"patch_size": patch_size}
     d = openvla_7b_arch_dict()
     d.update(
         llm_backbone_id="llama2-tiny",
         image_sizes=[image_size, image_size],
         timm_model_kwargs=[
-            {"embed_dim": vit_dims[0], "depth": vit_depth, "num_heads": 2},
-            {"embed_dim": vit_dims[1], "depth": vit_depth, "num_heads": 2},
+            {"embed_dim": vit_dims[0], "depth": vit_depth, "num_heads": vit_heads, **patch},
+            {"embed_dim": vit_dims[1], "depth": vit_depth, "num_heads": vit_heads, **patch},
         ],
         text_config={
             "model_type": "llama",
@@ -218,11 +225,12 @@ def tiny_arch_dict(
             "hidden_size": llm_hidden,
             "intermediate_size": 2 * llm_hidden,
             "num_hidden_layers": llm_layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
+            "num_attention_heads": llm_heads,
+            "num_key_value_heads": llm_heads,
             "max_position_embeddings": 1024,
             "pad_token_id": base_vocab,
         },
         pad_token_id=base_vocab,
+        n_action_bins=n_action_bins,
     )
     return d

@@ -27,7 +27,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 CHECKS = ("cuda_placement", "fsdp2_nccl_offload", "maniskill_gpu_ppo", "oft_tiny_bf16",
-          "libero_egl_render", "vllm_engine")
+          "vla_sft_rl_miniature", "libero_egl_render", "vllm_engine")
 
 
 class Skip(Exception):
@@ -165,6 +165,33 @@ def check_oft_tiny_bf16(quick: bool) -> dict:
     if "torch.bfloat16" not in dtypes or not torch.isfinite(out.actions).all() or err > 1e-2:
         raise RuntimeError(f"dtypes {dtypes}, logprob mismatch {err}")
     return {"param_dtypes": dtypes, "actions_shape": list(out.actions.shape), "logprob_max_abs_err": err}
+
+
+def check_vla_sft_rl_miniature(quick: bool) -> dict:
+    """The miniature OpenVLA-OFT SFT -> RL pipeline (configs/sft/maniskill_lang3_sft_rl_oft.yaml)
+    at smoke size on CUDA: 1 demo per task of 2 suite tasks at 32 px (rendered on the GPU; the
+    suite mixes tasks per env slot, so physics is physx_cpu per slot), SFT in bf16 on the GPU,
+    the step-0 gate, 2 GRPO iterations, evaluation of both checkpoints; about 2 minutes."""
+    from rlinf_embodied.sft.pipeline import load_sft_config, run_sft_rl
+
+    _ray()
+    with tempfile.TemporaryDirectory() as d:
+        cfg = load_sft_config(ROOT / "configs/sft/maniskill_lang3_sft_rl_oft.yaml", [
+            f"run.dir={d}/run", f"demos.dir={d}/demos", "demos.num_trajectories=1",
+            "env.task_ids=[0,1]", "env.sensor_size=32", "policy.tiny.image_size=32",
+            "env.max_episode_steps=24", "bc.steps=30", "bc.batch_size=16", "eval.episodes=1",
+            "eval.gate_episodes=1", "rl.overrides=[trainer.iterations=2,trainer.eval_every=0,"
+            "trainer.save_every=2,env.num_envs=4,algorithm.filter_low=null,"
+            "algorithm.filter_high=null,logging.tensorboard=false]"])
+        out = run_sft_rl(cfg, log=lambda *_: None)
+        import torch
+        from rlinf_embodied.policies import load_policy
+
+        dtypes = sorted({str(p.dtype) for p in load_policy(Path(d) / "run/sft/policy").parameters()})
+    if "torch.bfloat16" not in dtypes:
+        raise RuntimeError(f"the SFT checkpoint's dtypes are {dtypes}, not bf16 (policy.dtype=auto on CUDA)")
+    return {"sft_success": out["sft"]["rate"], "rl_success": out["rl"]["rate"],
+            "stages": out.get("stages"), "param_dtypes": dtypes, "cuda": torch.cuda.get_device_name(0)}
 
 
 def check_libero_egl_render(quick: bool) -> dict:

@@ -18,7 +18,7 @@ from rlinf_embodied.algorithms.batch import Advantages, LossBatch, RolloutBatch
 from rlinf_embodied.algorithms.registry import get_advantage, get_loss
 
 __all__ = ["actor_critic_parameters", "cap_log_std", "compute_advantages", "log_std_ceiling",
-           "lr_lambda", "make_optimizer", "param_groups", "update_policy"]
+           "logprob_mismatch", "lr_lambda", "make_optimizer", "param_groups", "update_policy"]
 
 
 def actor_critic_parameters(policy) -> tuple[list, list]:
@@ -126,7 +126,9 @@ def update_policy(policy, optimizer, batch: dict, cfg, iteration: int, rank: int
 
     Returns:
         Metrics averaged over the minibatches (``train/...``; ``train/critic_warmup`` is 1.0
-        during the critic warm-up, else 0.0; ``train/log_std_ceiling`` when capped).
+        during the critic warm-up, else 0.0; ``train/log_std_ceiling`` when capped;
+        ``train/rollout_logprob_diff_max``: the largest |rollout - recomputed| log-prob of the
+        first minibatch, before any optimizer step, see :func:`logprob_mismatch`).
 
     Raises:
         ValueError: a critic warm-up iteration for a policy without critic parameters, or
@@ -197,6 +199,23 @@ def cap_log_std(policy, ceiling: float) -> None:
         p.clamp_(max=ceiling)
 
 
+def logprob_mismatch(recomputed: torch.Tensor, rollout: torch.Tensor, valid: torch.Tensor) -> float:
+    """Largest ``|recomputed - rollout|`` log-prob over the valid samples (0.0 when none).
+
+    Before the first optimizer step of an update the two must agree (same weights, same
+    inputs): a policy left in another mode on one side (dropout), log-probs over another unit
+    or another temperature show up here first (RL4VLA issue 12).
+
+    Args:
+        recomputed: log-probs from ``Policy.evaluate`` (B, ...) at the policy's granularity.
+        rollout: the rollout's log-probs, same shape.
+        valid: (B,) bool.
+    """
+    d = (recomputed.detach().float() - rollout.float()).abs().reshape(recomputed.shape[0], -1)
+    d = d[valid.bool()]
+    return float(d.max()) if d.numel() else 0.0
+
+
 def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_ranks,
             warmup) -> Dict[str, float]:
     t = cfg.trainer
@@ -222,6 +241,7 @@ def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_
     sums: Dict[str, float] = {}
     count = 0
     stop = False
+    first_diff = None  # max |rollout - recomputed log-prob| of the first minibatch
     for epoch in range(t.update_epochs):
         perm = torch.randperm(B, generator=gen)
         for m in range(n_mb):
@@ -239,6 +259,9 @@ def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_
                 if adv.minibatch_normalize and std is not None:
                     adv_mb = (adv_mb - mean) / (std + 1e-8)
                 ev = policy.evaluate({k: v[sub] for k, v in data["fi"].items()}, data["actions"][sub])
+                if epoch == 0 and m == 0:  # weights still those of the rollout
+                    first_diff = max(first_diff or 0.0, logprob_mismatch(
+                        ev.logprobs, data["old_logprobs"][sub], mask))
                 with_values = ev.values is not None
                 loss, met = loss_fn(LossBatch(
                     logprobs=ev.logprobs, old_logprobs=data["old_logprobs"][sub],
@@ -273,6 +296,8 @@ def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_
         policy.update_obs_stats(data["fi"], data["valid"])
     out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
     out["train/minibatches"] = float(count)
+    if first_diff is not None:
+        out["train/rollout_logprob_diff_max"] = first_diff
     out["train/critic_warmup"] = float(warmup)
     out["train/valid_fraction"] = float(adv.valid.float().mean())
     return out

@@ -31,7 +31,21 @@ from rlinf_embodied.runners.setup import Groups, check_divisibility, group_ranks
 from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PlacementError, wait_all
 
-__all__ = ["EmbodiedRunner"]
+__all__ = ["EmbodiedRunner", "per_task_rates"]
+
+
+def per_task_rates(prefix: str, stats: list) -> dict:
+    """``{prefix/<task>: success rate}`` from the env ranks' ``per_task`` (instruction ->
+    [episodes, successes]); empty when the envs serve one task (nothing to break down)."""
+    total: dict = {}
+    for s in stats:
+        for task, (n, k) in s.get("per_task", {}).items():
+            t = total.setdefault(task, [0, 0.0])
+            t[0] += n
+            t[1] += k
+    if len(total) < 2:
+        return {}
+    return {f"{prefix}/{task.replace(' ', '_')}": k / n for task, (n, k) in sorted(total.items()) if n}
 
 
 class EmbodiedRunner:
@@ -144,6 +158,7 @@ class EmbodiedRunner:
         m["time/env_steps_per_s"] = steps / max(1e-9, m["time/rollout_s"] + m["time/train_s"] + m["time/weight_sync_s"])
         if eps:
             m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
+            m.update(per_task_rates("rollout/success_once", env_stats))
             m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
             m["rollout/episodes"] = eps
         m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
@@ -259,6 +274,7 @@ class EmbodiedRunner:
         out, _ = wait_all(res, srv)
         n = sum(r["episodes"] for r in out)
         metrics = {f"eval/{k}": sum(r[k] for r in out) / n for k in ("success_once", "success_at_end", "episode_return")}
+        metrics.update(per_task_rates("eval/success_once", out))
         record = {"iteration": iteration, "env_steps": self.state["env_steps"], "episodes": n,
                   **{k.split("/")[1]: v for k, v in metrics.items()},
                   "videos": [v for r in out for v in r["videos"]],

@@ -26,16 +26,30 @@ class DemoConfig:
     dir: str = "data/demos"
     """Directory of the trajectory files (``<dir>/<env_id>/motionplanning/``)."""
     num_trajectories: int = 50
-    """Successful demonstrations to record (failed plans are retried with the next seed)."""
+    """Successful demonstrations to record, per task for a suite (failed plans are retried
+    with the next seed); SFT trains on the first this many."""
     seed: int = 0
     """First reset seed; demo k uses the k-th seed from here that gives a successful plan.
     The fair evaluation protocol uses seeds from 1_000_000, so demos below it are disjoint."""
     max_attempts_factor: int = 3
     """Give up after ``num_trajectories * max_attempts_factor`` planning attempts."""
+    processes: int = 2
+    """A suite's tasks are planned and converted in this many processes at once."""
+    stride: int = 1
+    """Suite demos: keep every ``stride``-th planned joint target before converting to the
+    policy's controller (2: half the steps, twice the motion per step; sft/vla_demos.py)."""
+    trim_idle_start: bool = True
+    """Suite demos: drop the steps at an episode's start in which the arm barely moves (the
+    planner closes the gripper first in PushCube / PullCube, then accelerates slowly): below
+    10% of the episode's largest arm action. A policy cloned on them outputs no motion in the
+    initial state, which then never changes (measured: 0 of 30 trials moved); OpenVLA's LIBERO
+    data drops no-op steps likewise."""
 
     def __post_init__(self):
         if self.num_trajectories < 1:
             raise ConfigError(f"demos.num_trajectories must be >= 1 (got {self.num_trajectories}).")
+        if self.stride < 1:
+            raise ConfigError(f"demos.stride must be >= 1 (got {self.stride}).")
         if not 0 <= self.seed < 1_000_000:
             raise ConfigError(
                 f"demos.seed must be in [0, 1_000_000) (got {self.seed}): evaluation uses "
@@ -78,6 +92,9 @@ class BCConfig:
                 f"bc.min_log_std ({self.min_log_std}) must be <= bc.max_log_std "
                 f"({self.max_log_std})."
             )
+    image_shift: int = 0
+    """Random-shift augmentation of VLA images (pixels of edge padding, then a random crop back
+    to the image size); 0: none. State policies ignore it."""
     value_gamma: float | None = 0.8
     """Also fit the critic (if the policy has one) to the demos' discounted returns with this
     discount (the RL stage's ``algorithm.gamma``), so RL fine-tuning does not start from a
@@ -129,11 +146,23 @@ class SFTJobConfig:
     rl: RLStageConfig = field(default_factory=RLStageConfig)
 
     def __post_init__(self):
+        from rlinf_embodied.sft.demos import MP_SOLUTIONS
+
         if getattr(self.env, "type", None) != "maniskill":
             raise ConfigError(
                 f"The SFT pipeline records ManiSkill motion-planning demonstrations; env.type "
                 f"must be maniskill (got {self.env.type!r})."
             )
+        ids = self.env.env_ids() if hasattr(self.env, "env_ids") else [self.env.env_id]
+        for env_id in ids:
+            if env_id not in MP_SOLUTIONS:
+                raise ConfigError(
+                    f"env task {env_id} has no ManiSkill motion-planning solution, so no "
+                    f"demonstrations can be recorded for it; use tasks among {', '.join(MP_SOLUTIONS)}.")
+        if self.policy.type in ("openvla", "openvla_oft") and getattr(self.env, "suite", None) is None:
+            raise ConfigError(
+                f"policy.type={self.policy.type} learns from a language-conditioned suite's RGB "
+                "demos; set env.suite (e.g. maniskill_lang3) and env.obs_mode=rgb.")
 
     def run_dir(self) -> Path:
         """The pipeline's directory (``sft/``, ``rl/`` and the reports go under it)."""

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MP_SOLUTIONS", "DemoError", "DemoSet", "find_demos", "generate_demos"]
+__all__ = ["MP_SOLUTIONS", "DemoError", "DemoSet", "check_solvable", "find_demos", "generate_demos",
+           "plan_demos"]
 
 
 class DemoError(RuntimeError):
@@ -69,12 +70,18 @@ class DemoSet:
                 "seeds": self.seeds, "planning_s": self.planning_s, "convert_s": self.convert_s}
 
 
-def _solver(env_id: str):
+def check_solvable(env_id: str) -> None:
+    """Raise :class:`DemoError` (naming the tasks that have one) unless ManiSkill ships a
+    motion-planning solution for ``env_id``."""
     if env_id not in MP_SOLUTIONS:
         raise DemoError(
-            f"No ManiSkill motion-planning solution for {env_id!r}; use one of "
-            f"{', '.join(MP_SOLUTIONS)}."
+            f"No ManiSkill motion-planning solution for {env_id!r}, so no demonstrations can be "
+            f"recorded for it; use one of {', '.join(MP_SOLUTIONS)}."
         )
+
+
+def _solver(env_id: str):
+    check_solvable(env_id)
     try:
         from mani_skill.examples.motionplanning.panda import solutions
     except ImportError as e:  # mplib missing or built against another numpy
@@ -132,19 +139,56 @@ def generate_demos(
         DemoError: no solution for the env, planner not importable, too many failed plans,
             or the conversion failed (its output is included).
     """
+    out = Path(directory) / env_id / "motionplanning"
+    kept, planning_s = plan_demos(env_id, out, num_trajectories, reward_mode=reward_mode,
+                                  seed=seed, max_attempts=max_attempts, log=log)
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory",
+           "--traj-path", str(out / "trajectories.h5"), "-c", control_mode, "-o", obs_mode,
+           "--save-traj", "-b", "physx_cpu", "--reward-mode", reward_mode, "--record-rewards"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    target = _tool_file(out, "trajectories", obs_mode, control_mode)
+    if proc.returncode != 0 or not target.is_file():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise DemoError(f"Converting the demos to {control_mode}/{obs_mode} failed:\n{tail}")
+    convert_s = time.perf_counter() - t0
+    meta = json.loads(target.with_suffix(".json").read_text())
+    seeds = [int(e["episode_seed"]) for e in meta["episodes"]]
+    log(f"converted to {control_mode}/{obs_mode}: {len(seeds)} of {len(kept)} replays "
+        f"succeeded ({convert_s:.1f} s) -> {target}")
+    if not seeds:
+        raise DemoError(f"No demo survived conversion to {control_mode}; try pd_joint_pos.")
+    return DemoSet(target, env_id, control_mode, obs_mode, len(seeds), seeds, planning_s, convert_s)
+
+
+def plan_demos(env_id: str, out: Path, num_trajectories: int, *, reward_mode: str = "normalized_dense",
+               seed: int = 0, max_attempts: int | None = None, env_kwargs: dict | None = None,
+               log=print) -> tuple[list, float]:
+    """Run ManiSkill's motion-planning solution of ``env_id`` until ``num_trajectories`` plans
+    succeed; write them to ``out/trajectories.h5`` (+ ``.json``) in ``pd_joint_pos``.
+
+    Removes every ``trajectories*`` file in ``out`` first (a new plan invalidates conversions).
+    ``env_kwargs`` are extra ``gym.make`` arguments (a suite's robot).
+
+    Returns:
+        ``(seeds of the successful plans, wall seconds)``.
+
+    Raises:
+        DemoError: no solution for the env, planner not importable, or too many failed plans.
+    """
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     from mani_skill.utils.wrappers.record import RecordEpisode
 
     solve = _solver(env_id)
-    out = Path(directory) / env_id / "motionplanning"
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("trajectories*"):
         old.unlink()
     max_attempts = max_attempts or 3 * num_trajectories
     t0 = time.perf_counter()
     env = gym.make(env_id, obs_mode="none", control_mode="pd_joint_pos",
-                   sim_backend="physx_cpu", render_mode="rgb_array", reward_mode=reward_mode)
+                   sim_backend="physx_cpu", render_mode="rgb_array", reward_mode=reward_mode,
+                   **(env_kwargs or {}))
     env = RecordEpisode(env, output_dir=str(out), trajectory_name="trajectories", save_video=False,
                         source_type="motionplanning",
                         source_desc="ManiSkill motion-planning solution (rlinf-embodied demos)",
@@ -173,20 +217,4 @@ def generate_demos(
     planning_s = time.perf_counter() - t0
     log(f"planned {len(kept)} successful {env_id} demos in {attempts} attempts "
         f"({planning_s:.1f} s)")
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory",
-           "--traj-path", str(out / "trajectories.h5"), "-c", control_mode, "-o", obs_mode,
-           "--save-traj", "-b", "physx_cpu", "--reward-mode", reward_mode, "--record-rewards"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    target = _tool_file(out, "trajectories", obs_mode, control_mode)
-    if proc.returncode != 0 or not target.is_file():
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        raise DemoError(f"Converting the demos to {control_mode}/{obs_mode} failed:\n{tail}")
-    convert_s = time.perf_counter() - t0
-    meta = json.loads(target.with_suffix(".json").read_text())
-    seeds = [int(e["episode_seed"]) for e in meta["episodes"]]
-    log(f"converted to {control_mode}/{obs_mode}: {len(seeds)} of {len(kept)} replays "
-        f"succeeded ({convert_s:.1f} s) -> {target}")
-    if not seeds:
-        raise DemoError(f"No demo survived conversion to {control_mode}; try pd_joint_pos.")
-    return DemoSet(target, env_id, control_mode, obs_mode, len(seeds), seeds, planning_s, convert_s)
+    return kept, planning_s

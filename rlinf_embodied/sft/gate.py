@@ -32,6 +32,7 @@ from rlinf_embodied.config import EnvConfig
 __all__ = [
     "RECORD_FILE",
     "GateError",
+    "check_family",
     "check_gate",
     "evaluate_checkpoint",
     "gate_for_job",
@@ -63,6 +64,8 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         output: results JSON (``.md``/``.png``/``.html`` reports are written beside it).
         trials: trials 0..trials-1 of the protocol.
         protocol: evaluation protocol name.
+            With ``env_cfg.suite`` set: trials 0..trials-1 of every selected task, under the
+            suite's protocol unless ``protocol`` names another.
         num_envs: envs run concurrently (results do not depend on it when
             ``batch_invariant``).
         num_processes: env pool processes.
@@ -76,8 +79,9 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
 
     Returns:
         ``{"rate", "ci95", "successes", "success_at_end_rate", "success_at_end_ci95",
-        "episodes", "results"}`` (success_once rate with its Wilson interval, ManiSkill's
-        ``success_at_end`` likewise, the results file path).
+        "episodes", "results", "per_task"}`` (success_once rate with its Wilson interval,
+        ManiSkill's ``success_at_end`` likewise, the results file path, and rate, interval,
+        episodes and instruction per task).
     """
     from rlinf_embodied.eval.request import EvalRequest
     from rlinf_embodied.eval.run import evaluate
@@ -86,20 +90,38 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
     output.parent.mkdir(parents=True, exist_ok=True)
     if fresh and output.exists():
         output.unlink()
+    suite = getattr(env_cfg, "suite", None)
+    overrides = {"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode}
+    max_steps = env_cfg.max_episode_steps
+    if suite is not None:  # a language-conditioned suite: trials 0..n-1 of every task
+        from rlinf_embodied.eval.protocols import get_protocol
+
+        overrides["sensor_size"] = env_cfg.sensor_size
+        tasks = env_cfg.suite_task_ids()
+        n = trials * len(tasks)
+        if max_steps == get_protocol(protocol or env_cfg.suite_spec().protocol).max_steps_for(suite):
+            max_steps = None  # the protocol's own horizon: not an override
+    else:
+        tasks, n = None, trials
     req = EvalRequest(
-        env="maniskill", task=env_cfg.env_id, policy=str(checkpoint), protocol=protocol,
-        trials_per_task=trials, num_envs=max(1, min(num_envs, trials)),
-        num_processes=num_processes, output=str(output), obs_mode=env_cfg.obs_mode,
-        max_steps=env_cfg.max_episode_steps, device="cpu", policy_mode=policy_mode,
-        reports=reports, batch_invariant=batch_invariant,
-        env_overrides={"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode},
+        env="maniskill", task=None if suite else env_cfg.env_id, suite=suite, tasks=tasks,
+        policy=str(checkpoint), protocol=protocol, trials_per_task=trials,
+        num_envs=max(1, min(num_envs, n)), num_processes=num_processes, output=str(output),
+        obs_mode=env_cfg.obs_mode, max_steps=max_steps,
+        # a suite's VLA runs on the GPU when there is one (bf16 there), state policies on CPU
+        device=None if suite is not None else "cpu", policy_mode=policy_mode, reports=reports,
+        batch_invariant=batch_invariant, env_overrides=overrides,
     )
     results = evaluate(req)
-    o = results.summary()["overall"]
+    summary = results.summary()
+    o = summary["overall"]
     return {"rate": o["rate"], "ci95": o["ci95"], "successes": o["successes"],
             "success_at_end_rate": o.get("success_at_end_rate"),
             "success_at_end_ci95": o.get("success_at_end_ci95"),
-            "episodes": o["episodes"], "results": str(output)}
+            "episodes": o["episodes"], "results": str(output),
+            "per_task": {k: {"rate": v["rate"], "ci95": v["ci95"], "episodes": v["episodes"],
+                             "instruction": v.get("instruction")}
+                         for k, v in summary["per_task"].items()}}
 
 
 def write_record(sft_dir: Path, evaluation: dict[str, Any], env_cfg: Any, eval_cfg: Any,
@@ -130,8 +152,8 @@ def read_record(checkpoint: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[int, bool]:
-    """trial -> success of the SFT stage's episodes with trial < ``trials``.
+def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[tuple, bool]:
+    """(task, trial) -> success of the SFT stage's episodes with trial < ``trials``.
 
     Raises:
         GateError: the SFT results file has none.
@@ -141,19 +163,34 @@ def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[int, bool]:
     path = Path(record["evaluation"]["results"])
     if not path.is_absolute() and not path.exists():
         path = Path(record["_dir"]) / path.name
-    eps = {e.trial: bool(e.success) for e in ResultsFile.load(path).episodes if e.trial < trials}
+    eps = {(str(e.task), e.trial): bool(e.success)
+           for e in ResultsFile.load(path).episodes if e.trial < trials}
     if not eps:
         raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
     return eps
 
 
+def check_family(record: dict[str, Any], policy_type: str | None, checkpoint: Any) -> None:
+    """Refuse an SFT checkpoint of another policy family than the RL run's.
+
+    Raises:
+        GateError: the record's ``policy_type`` differs from ``policy_type`` (one line).
+    """
+    have = record.get("policy_type")
+    if policy_type is not None and have is not None and have != policy_type:
+        raise GateError(f"The SFT checkpoint {checkpoint} holds a {have!r} policy but the RL run's "
+                        f"policy.type is {policy_type!r}; start from an SFT checkpoint of "
+                        f"{policy_type} (its pipeline config) or set policy.type={have}.")
+
+
 def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                episodes: int | None = None, tolerance: float | None = None,
-               log=print, sampled: bool = True) -> dict[str, Any]:
+               log=print, sampled: bool = True, policy_type: str | None = None) -> dict[str, Any]:
     """Re-evaluate an SFT checkpoint under ``env_cfg`` and compare with its record.
 
     Args:
-        checkpoint: the SFT policy directory (``sft_record.json`` beside it).
+        checkpoint: the SFT policy directory (``sft_record.json`` beside it), or a VLA's
+            published-layout directory beside it.
         env_cfg: the RL run's EnvConfig (the re-evaluations use its ``num_processes``).
         out_dir: where ``gate.json`` and the re-evaluations' results go (``gate_eval.json``
             greedy, ``gate_sampled.json`` sampled).
@@ -163,6 +200,7 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         sampled: once passed, also measure the success of *sampled* actions on the same
             trials (:func:`sampled_success`; reported, not gated on) and warn when it is more
             than ``tolerance`` below the greedy one.
+        policy_type: the RL run's ``policy.type``; a record of another type is refused.
 
     Returns:
         ``{"recorded", "measured", "episodes", "tolerance", "passed": True, "sampled",
@@ -172,38 +210,45 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         were batch-invariant).
 
     Raises:
-        GateError: no record next to the checkpoint, or the measured success rate is more
-            than ``tolerance`` below the recorded one on the same trials.
+        GateError: no record next to the checkpoint, an SFT checkpoint of another policy type,
+            or the measured success rate is more than ``tolerance`` below the recorded one on
+            the same trials.
     """
     record = read_record(checkpoint)
     if record is None:
         raise GateError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` first.")
+    check_family(record, policy_type, checkpoint)
+    # the SFT policy directory (a VLA's published-layout checkpoint sits beside it)
+    checkpoint = Path(record["_dir"]) / record.get("policy", "policy")
     k = int(episodes or record["gate_episodes"])
     tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
     sft = _recorded_episodes(record, k)
     recorded, n = sum(sft.values()) / len(sft), len(sft)
+    trials = max(t for _, t in sft) + 1  # per task
     out_dir = Path(out_dir)
-    ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", n,
+    ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", trials,
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes)
     from rlinf_embodied.eval.results import ResultsFile
 
     gate = ResultsFile.load(ev["results"])
-    differing = sorted(e.trial for e in gate.episodes
-                       if e.trial in sft and bool(e.success) != sft[e.trial])
+    one_task = len({task for task, _ in sft}) < 2  # name the task of a suite's trials
+    differing = sorted(e.trial if one_task else f"{e.task}:{e.trial}" for e in gate.episodes
+                       if (str(e.task), e.trial) in sft
+                       and bool(e.success) != sft[(str(e.task), e.trial)])
     result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
               "passed": ev["rate"] >= recorded - tol, "differing_trials": differing,
               "batch_invariant": bool(gate.header.get("batch_invariant"))}
     if sampled and result["passed"]:
-        sp = sampled_success(checkpoint, env_cfg, n, out_dir / "gate_sampled.json",
+        sp = sampled_success(checkpoint, env_cfg, trials, out_dir / "gate_sampled.json",
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes)
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
         result["log_std"] = sp["log_std"]
     atomic_write_json(out_dir / "gate.json", result)
     verdict = "passed" if result["passed"] else "FAILED"
-    log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{n - 1} "
+    log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{trials - 1} "
         f"under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
     if differing:
         log(f"  trials whose success differs from the SFT stage's: {differing}")
@@ -226,17 +271,18 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
 
 
 def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | None:
-    """The gate of a training job: runs when ``cfg.policy.checkpoint`` has an SFT record.
+    """The gate of a training job: runs when ``cfg.policy.checkpoint`` (or a VLA's
+    ``policy.pretrained``) has an SFT record.
 
     Returns the gate result, or None when the job does not start from an SFT checkpoint.
 
     Raises:
         GateError: see :func:`check_gate`.
     """
-    ckpt = getattr(cfg.policy, "checkpoint", None)
+    ckpt = getattr(cfg.policy, "checkpoint", None) or getattr(cfg.policy, "pretrained", None)
     if not ckpt or read_record(ckpt) is None or getattr(cfg.env, "type", None) != "maniskill":
         return None
-    return check_gate(ckpt, cfg.env, run_dir, log=log)
+    return check_gate(ckpt, cfg.env, run_dir, log=log, policy_type=cfg.policy.type)
 
 
 def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: str | Path, *,

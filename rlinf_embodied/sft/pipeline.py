@@ -2,9 +2,13 @@
 
 Layout of ``<run dir>`` (``run.dir`` or ``runs/<run.name>``):
 
-* ``demos``: ``<demos.dir>/<env_id>/motionplanning/trajectories.*.h5`` (shared between runs);
+* ``demos``: ``<demos.dir>/<env_id>/motionplanning/trajectories.*.h5`` (shared between runs;
+  a suite's RGB demos: ``<demos.dir>/<suite>/<env_id>/trajectories.rgb.*.h5``,
+  :mod:`rlinf_embodied.sft.vla_demos`);
 * ``sft/``: ``policy/`` (the behaviour-cloned checkpoint), ``bc_metrics.json``,
-  ``eval.json`` (+ reports; held-out trials 0..eval.episodes-1) and ``sft_record.json``;
+  ``eval.json`` (+ reports; held-out trials 0..eval.episodes-1) and ``sft_record.json``; a VLA
+  also gets ``vla/``, the checkpoint in the published OpenVLA / OFT layout with the demos'
+  q01/q99 statistics (the RL stage starts from it through ``policy.pretrained``);
 * ``rl/``: a normal training run directory started from ``sft/policy`` (its ``gate.json`` is
   the step-0 gate), and ``rl/final_eval.json`` on the same held-out trials;
 * ``summary.json``: SFT vs RL success with Wilson intervals and McNemar's paired test.
@@ -20,7 +24,17 @@ from typing import Any
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import SFTJobConfig
 
-__all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage"]
+__all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage",
+           "VLA_TYPES"]
+
+VLA_TYPES = ("openvla", "openvla_oft")
+"""Policy types trained on RGB suite demonstrations and saved in the published layout."""
+
+#: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values.
+_VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wrist_image",
+                  "proprio_dim", "attention", "temperature", "image_preprocessing", "center_crop",
+                  "gripper_to_signed", "gripper_binarize", "gripper_invert", "max_prompt_tokens",
+                  "logprob_granularity")
 
 
 def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConfig:
@@ -41,6 +55,8 @@ def run_demos(cfg: SFTJobConfig, log=print, force: bool = False) -> Path:
     from rlinf_embodied.sft.demos import find_demos, generate_demos
 
     e = cfg.env
+    if getattr(e, "suite", None) is not None:
+        return _run_suite_demos(cfg, log, force)
     found = find_demos(cfg.demos.dir, e.env_id, e.control_mode, e.obs_mode)
     if found is not None and not force:
         meta = json.loads(found.with_suffix(".json").read_text())
@@ -56,12 +72,38 @@ def run_demos(cfg: SFTJobConfig, log=print, force: bool = False) -> Path:
     return demo.path
 
 
+def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
+    """Stage 1 for a suite: RGB demos of every selected task (reused, unless ``force``, when
+    each task's converted file exists and came from at least ``demos.num_trajectories``
+    successful plans)."""
+    from rlinf_embodied.sft.vla_demos import find_suite_demos, generate_suite_demos
+
+    e, d = cfg.env, cfg.demos
+    root = Path(d.dir) / e.suite
+    found = find_suite_demos(d.dir, e, d.stride)
+    # plans are counted (trajectories.json): a few plans may fail to replay in the policy's
+    # controller, so the converted files can hold fewer episodes than were asked for
+    if not force and len(found) == len(e.env_ids()) and all(
+            len(json.loads((p.parent / "trajectories.json").read_text())["episodes"]) >= d.num_trajectories
+            for p in found.values() if (p.parent / "trajectories.json").is_file()):
+        log(f"demos: using {', '.join(str(p) for p in found.values())}")
+        return root
+    demo = generate_suite_demos(e, d.dir, d.num_trajectories, seed=d.seed,
+                                max_attempts_factor=d.max_attempts_factor,
+                                processes=d.processes, stride=d.stride, log=log)
+    atomic_write_json(root / f"generation.{e.control_mode}.{e.sensor_size}px.stride{d.stride}.json",
+                      demo.to_dict())
+    return root
+
+
 def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     """Stage 2: behaviour-clone ``cfg.policy`` on the demos, save, evaluate, record.
 
     Returns:
         ``{"checkpoint", "bc": metrics, "evaluation": {...rate, ci95...}}``.
     """
+    if cfg.policy.type in VLA_TYPES:
+        return run_vla_sft(cfg, log)
     import torch
 
     from rlinf_embodied.policies import build_policy, save_policy
@@ -90,26 +132,118 @@ def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     ev = evaluate_checkpoint(ckpt, e, sft_dir / "eval.json", cfg.eval.episodes,
                              protocol=cfg.eval.protocol, num_envs=cfg.eval.num_envs,
                              num_processes=cfg.eval.num_processes)
-    write_record(sft_dir, ev, e, cfg.eval, extra={"demos": str(path),
+    write_record(sft_dir, ev, e, cfg.eval, extra={"demos": str(path), "policy_type": cfg.policy.type,
                                                    "num_demos": data.num_trajectories})
     log(f"sft: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}), "
         f"success_at_end {ev['success_at_end_rate']:.3f}")
     return {"checkpoint": str(ckpt), "bc": metrics, "evaluation": ev}
 
 
+def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
+    """Stage 2 for a VLA on a suite: SFT on the RGB demos (:func:`~rlinf_embodied.sft.vla_bc.
+    train_vla_bc`) with the demos' q01/q99 statistics, save ``sft/vla`` (published layout) and
+    ``sft/policy`` (whose ``policy.pretrained`` is ``sft/vla``), evaluate, record.
+
+    Raises:
+        FileNotFoundError: no demos for a task (run ``demos`` first).
+        ValueError: demos recorded for another suite, controller or image size.
+    """
+    import time
+
+    import torch
+
+    from rlinf_embodied.policies import build_policy, save_policy
+    from rlinf_embodied.sft.bc import space_spec_of
+    from rlinf_embodied.sft.dataset import RGBDemoDataset
+    from rlinf_embodied.sft.gate import evaluate_checkpoint, write_record
+    from rlinf_embodied.sft.vla_bc import train_vla_bc
+    from rlinf_embodied.sft.vla_demos import find_suite_demos
+
+    e = cfg.env
+    if getattr(e, "suite", None) is None:
+        raise ValueError(f"policy.type={cfg.policy.type} trains on a language-conditioned suite's "
+                         "RGB demos; set env.suite (e.g. maniskill_lang3) and env.obs_mode=rgb.")
+    found = find_suite_demos(cfg.demos.dir, e, cfg.demos.stride)
+    missing = [t for t in e.env_ids() if t not in found]
+    if missing:
+        raise FileNotFoundError(f"No {e.control_mode} {e.sensor_size} px RGB demos of {missing} under "
+                                f"{cfg.demos.dir}/{e.suite}; run `rlinf-embodied demos CONFIG.yaml` first.")
+    data = RGBDemoDataset([found[t] for t in e.env_ids()], max_trajectories=cfg.demos.num_trajectories,
+                          trim_idle_start=cfg.demos.trim_idle_start)
+    data.check_env(e)
+    log(f"sft: {data.num_trajectories} demos, {len(data)} transitions of {', '.join(e.env_ids())}")
+    spec = space_spec_of(e)
+    torch.manual_seed(cfg.bc.seed)
+    pcfg = dataclasses.replace(cfg.policy, checkpoint=None, pretrained=None)
+    if pcfg.image_preprocessing == "auto":  # what a tiny preset resolves to; kept once pretrained
+        pcfg = dataclasses.replace(pcfg, image_preprocessing="fast")
+    from rlinf_embodied.policies.prismatic_config import select_device_dtype
+
+    policy = build_policy(pcfg, spec).to(select_device_dtype(None, pcfg.dtype)[0])
+    key = f"{e.suite}_{e.control_mode}"
+    policy.set_dataset_statistics(data.statistics(key), key)
+    metrics = train_vla_bc(policy, data, cfg.bc, log=log)
+    sft_dir = cfg.run_dir() / "sft"
+    vla_dir = policy.save_pretrained_like(sft_dir / "vla", step=int(cfg.bc.steps)).resolve()
+    policy.config = dataclasses.replace(policy.config, pretrained=str(vla_dir))
+    ckpt = save_policy(policy, sft_dir / "policy")
+    atomic_write_json(sft_dir / "bc_metrics.json", metrics)
+    log(f"sft: saved {vla_dir} and {ckpt}; evaluating on {cfg.eval.episodes} held-out trials per task")
+    t0 = time.perf_counter()
+    ev = evaluate_checkpoint(ckpt, e, sft_dir / "eval.json", cfg.eval.episodes,
+                             protocol=cfg.eval.protocol, num_envs=cfg.eval.num_envs,
+                             num_processes=cfg.eval.num_processes)
+    ev["wall_s"] = time.perf_counter() - t0
+    write_record(sft_dir, ev, e, cfg.eval, extra={"demos": [str(found[t]) for t in e.env_ids()],
+                                                   "policy_type": cfg.policy.type,
+                                                   "pretrained": str(vla_dir),
+                                                   "num_demos": data.num_trajectories})
+    per_task = ", ".join(f"{v['instruction']}: {v['rate']:.2f}" for v in ev["per_task"].values())
+    log(f"sft: success {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}); {per_task}")
+    return {"checkpoint": str(ckpt), "pretrained": str(vla_dir), "bc": metrics, "evaluation": ev}
+
+
 def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
-    """The RL stage's JobConfig: ``rl.config`` + ``rl.overrides`` + the SFT checkpoint, the
-    pipeline's env settings and ``run.dir = <run dir>/rl``."""
+    """The RL stage's JobConfig: ``rl.config`` + ``rl.overrides`` + the SFT checkpoint
+    (``policy.checkpoint``; a VLA's published-layout ``sft/vla`` through ``policy.pretrained``),
+    the pipeline's env settings and ``run.dir = <run dir>/rl``."""
     from rlinf_embodied.config import load_config
 
     e = cfg.env
-    sft_ckpt = cfg.run_dir() / "sft" / "policy"
-    forced = [f"policy.checkpoint={sft_ckpt}", f"run.dir={cfg.run_dir() / 'rl'}",
-              f"env.env_id={e.env_id}", f"env.control_mode={e.control_mode}",
+    sft_dir = (cfg.run_dir() / "sft").resolve()
+    ckpt = (f"policy.pretrained={sft_dir / 'vla'}" if cfg.policy.type in VLA_TYPES
+            else f"policy.checkpoint={sft_dir / 'policy'}")
+    forced = [ckpt, f"run.dir={cfg.run_dir() / 'rl'}",
+              f"env.control_mode={e.control_mode}",
               f"env.obs_mode={e.obs_mode}", f"env.reward_mode={e.reward_mode}"]
+    if getattr(e, "suite", None) is not None:
+        forced += [f"env.suite={e.suite}", f"env.task_ids=[{','.join(map(str, e.suite_task_ids()))}]",
+                   f"env.sensor_size={e.sensor_size}"]
+    else:
+        forced.append(f"env.env_id={e.env_id}")
     if e.max_episode_steps is not None:
         forced.append(f"env.max_episode_steps={e.max_episode_steps}")
     return load_config(cfg.rl.config, [*forced, *cfg.rl.overrides, *(extra or [])])
+
+
+def check_same_policy(cfg: SFTJobConfig, job) -> None:
+    """The RL job's policy must act as the SFT stage's: same type (family) and, for VLAs, the
+    same :data:`_VLA_BEHAVIOUR` fields.
+
+    Raises:
+        rlinf_embodied.config.ConfigError: naming the field, both values and the fix.
+    """
+    from rlinf_embodied.config import ConfigError
+
+    fields = _VLA_BEHAVIOUR if cfg.policy.type in VLA_TYPES else ("type",)
+    for name in fields:
+        a, b = getattr(cfg.policy, name, None), getattr(job.policy, name, None)
+        if a != b:
+            raise ConfigError(
+                f"policy.{name} is {a!r} in the SFT config but {b!r} in the RL config "
+                f"{cfg.rl.config}: RL would start from an SFT checkpoint "
+                f"{'of another family' if name == 'type' else 'that acts differently'}; set "
+                f"policy.{name} the same in both (rl.overrides: [policy.{name}={a}]).")
 
 
 def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
@@ -123,6 +257,7 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     from rlinf_embodied.runners.setup import validate_job
 
     job = rl_job_config(cfg, extra)
+    check_same_policy(cfg, job)
     validate_job(job)
     return job
 
@@ -137,18 +272,30 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     from rlinf_embodied.runners.embodied import EmbodiedRunner
     from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint
 
+    import time
+
     job = validate_rl_stage(cfg, extra_overrides)
     rl_dir = Path(job.run.run_dir())
-    gate = check_gate(job.policy.checkpoint, job.env, rl_dir, episodes=cfg.eval.gate_episodes,
-                      tolerance=cfg.eval.gate_tolerance, log=log)
+    t0 = time.perf_counter()
+    gate = check_gate(job.policy.checkpoint or job.policy.pretrained, job.env, rl_dir,
+                      episodes=cfg.eval.gate_episodes, tolerance=cfg.eval.gate_tolerance, log=log,
+                      policy_type=job.policy.type)
+    gate["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(rl_dir / "gate.json", gate)
+    t0 = time.perf_counter()
     state = EmbodiedRunner(job, rl_dir).run()
+    state["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
     ckpt = best if best.is_dir() else rl_dir
     log(f"rl: {state['iteration']} iterations, {state['env_steps']:,} env steps; evaluating "
         f"{ckpt} on the SFT evaluation's {cfg.eval.episodes} held-out trials")
+    t0 = time.perf_counter()
     ev = evaluate_checkpoint(ckpt, cfg.env, rl_dir / "final_eval.json", cfg.eval.episodes,
                              protocol=cfg.eval.protocol, num_envs=cfg.eval.num_envs,
                              num_processes=cfg.eval.num_processes)
+    ev["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(rl_dir / "final_eval_summary.json", ev)
     log(f"rl: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}), "
         f"success_at_end {ev['success_at_end_rate']:.3f}")
     return {"gate": gate, "state": state, "checkpoint": str(ckpt), "evaluation": ev}
@@ -165,17 +312,69 @@ def summarize(cfg: SFTJobConfig) -> dict[str, Any]:
     rec = json.loads((run / "sft" / "sft_record.json").read_text())
     from rlinf_embodied.eval.results import ResultsFile
 
-    rl = ResultsFile.load(rl_eval).summary()["overall"]
-    out = {"env_id": cfg.env.env_id, "sft": rec["evaluation"],
+    rl_summary = ResultsFile.load(rl_eval).summary()
+    rl = rl_summary["overall"]
+    suite = getattr(cfg.env, "suite", None)
+    out = {"env_id": cfg.env.env_id if suite is None else None, "suite": suite,
+           "sft": rec["evaluation"],
            "rl": {"rate": rl["rate"], "ci95": rl["ci95"],
                   "success_at_end_rate": rl.get("success_at_end_rate"),
                   "success_at_end_ci95": rl.get("success_at_end_ci95"),
-                  "episodes": rl["episodes"]},
-           "paired": c["overall"]}
+                  "episodes": rl["episodes"],
+                  "per_task": {k: {"rate": v["rate"], "ci95": v["ci95"], "episodes": v["episodes"],
+                                   "instruction": v.get("instruction")}
+                               for k, v in rl_summary["per_task"].items()}},
+           "paired": c["overall"], "paired_per_task": c["per_task"]}
     gate = run / "rl" / "gate.json"
     if gate.is_file():  # the step-0 gate: greedy and sampled success of the SFT checkpoint
         out["gate"] = json.loads(gate.read_text())
+    out["stages"] = stage_costs(cfg)
     atomic_write_json(run / "summary.json", out)
+    return out
+
+
+def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
+    """Wall seconds and env steps of each stage that left its record: ``demos`` (generation
+    record of a suite's demos, when this pipeline generated them), ``sft`` (training),
+    ``sft_eval``, ``gate``, ``rl``, ``rl_eval``. Evaluation env steps are summed from the
+    results files."""
+    from rlinf_embodied.eval.results import ResultsFile
+
+    run = cfg.run_dir()
+    out: dict[str, Any] = {}
+
+    def read(p: Path) -> dict | None:
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    def eval_steps(p: Path) -> int:
+        return sum(int(e.steps) for e in ResultsFile.load(p).episodes) if p.is_file() else 0
+
+    e = cfg.env
+    if getattr(e, "suite", None) is not None:
+        gen = read(Path(cfg.demos.dir) / e.suite /
+                   f"generation.{e.control_mode}.{e.sensor_size}px.stride{cfg.demos.stride}.json")
+        if gen:
+            out["demos"] = {"wall_s": gen["wall_s"], "env_steps": gen["env_steps"]}
+    bc = read(run / "sft" / "bc_metrics.json")
+    if bc:
+        out["sft"] = {"wall_s": bc.get("bc/seconds"), "env_steps": 0}
+    rec = read(run / "sft" / "sft_record.json")
+    if rec:
+        out["sft_eval"] = {"wall_s": rec["evaluation"].get("wall_s"),
+                           "env_steps": eval_steps(run / "sft" / "eval.json")}
+    gate = read(run / "rl" / "gate.json")
+    if gate:
+        out["gate"] = {"wall_s": gate.get("wall_s"),
+                       "env_steps": eval_steps(run / "rl" / "gate_eval.json")
+                       + eval_steps(run / "rl" / "gate_sampled.json")}
+    state = read(run / "rl" / "rl_state.json")
+    if state:
+        out["rl"] = {"wall_s": state.get("wall_s"), "env_steps": state.get("env_steps"),
+                     "iterations": state.get("iteration")}
+    final = read(run / "rl" / "final_eval_summary.json")
+    if final:
+        out["rl_eval"] = {"wall_s": final.get("wall_s"),
+                          "env_steps": eval_steps(run / "rl" / "final_eval.json")}
     return out
 
 

@@ -197,14 +197,15 @@ class EnvWorker(Worker):
 
         Returns:
             Episode statistics of episodes that finished in this rollout plus timings:
-            ``episodes``, ``success_once`` (sum), ``episode_return`` (sum), ``env_steps``,
+            ``episodes``, ``success_once`` (sum), ``episode_return`` (sum), ``per_task``
+            (instruction -> [episodes, successes], for envs serving several tasks), ``env_steps``,
             ``env_time_s``; the hop breakdown ``put_s``, ``wait_s``, ``queries`` and
             ``reply_hops`` (:meth:`~rlinf_embodied.runtime.Channel.hop_profile` of the replies).
         """
         T = self.cfg.trainer.rollout_steps
         seed = self.cfg.run.seed
         stats = {"episodes": 0, "success_once": 0.0, "episode_return": 0.0, "env_steps": 0,
-                 "env_errors": 0}
+                 "env_errors": 0, "per_task": {}}
         t_env = 0.0
         self._hops = {"wait_s": 0.0, "put_s": 0.0, "queries": 0}
         with self.device_lock(consumes=[self.channels.actions], share="rollout"):
@@ -236,6 +237,8 @@ class EnvWorker(Worker):
                     if done.any():
                         stats["episodes"] += int(done.sum())
                         stats["success_once"] += float(info["success_once"].cpu()[done].float().sum())
+                        _count_tasks(stats["per_task"], o["task_descriptions"], done,
+                                     info["success_once"].cpu())
                         stats["episode_return"] += float(ep_ret[s][done].sum())
                         ep_ret[s][done] = 0.0
                     last = t == T - 1
@@ -284,8 +287,9 @@ class EnvWorker(Worker):
 
         Returns:
             ``episodes``, ``success_once`` and ``success_at_end`` (sums), ``episode_return``
-            (sum), ``videos`` (paths), and ``trials``: per episode ``trial``, ``seed``,
-            ``success_once``, ``success_at_end``, ``episode_return``.
+            (sum), ``per_task`` (instruction -> [episodes, successes once]), ``videos`` (paths),
+            and ``trials``: per episode ``trial``, ``seed``, ``success_once``,
+            ``success_at_end``, ``episode_return``.
         """
         from rlinf_embodied.eval.acting import episode_seed
 
@@ -326,8 +330,11 @@ class EnvWorker(Worker):
                 success = info["success"].cpu().bool()
                 succ_once |= info["success_once"].cpu().bool()
             self._end_streams()
+        per_task: Dict[str, list] = {}
+        _count_tasks(per_task, obs["task_descriptions"], torch.ones(n, dtype=torch.bool), succ_once)
         return {
             "episodes": n,
+            "per_task": per_task,
             "success_once": float(succ_once.float().sum()),
             "success_at_end": float(success.float().sum()),
             "episode_return": float(ret.sum()),
@@ -382,6 +389,15 @@ class EnvWorker(Worker):
         self.profile_close()
         for env in [*self.envs, *self._eval_envs.values()]:
             env.close()
+
+
+def _count_tasks(per_task: Dict[str, list], tasks, done: torch.Tensor, success: torch.Tensor) -> None:
+    """Add the finished episodes (``done`` (n,) bool) to ``per_task``: instruction ->
+    [episodes, successes]."""
+    for i in torch.nonzero(done).reshape(-1).tolist():
+        entry = per_task.setdefault(str(tasks[i]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(success[i])
 
 
 class _Trajectory:

@@ -1,0 +1,136 @@
+"""The VLA SFT path on the language-conditioned ManiSkill suite, at tiny scale with real
+ManiSkill and real motion plans: suite env -> RGB demos in pd_ee_delta_pose with instructions
+-> SFT of a tiny OpenVLA-OFT with the demos' statistics -> published layout -> held-out
+evaluation with per-task results and the executed chunk recorded; and the one-line refusals
+(task without a motion-planning solution, demos of another controller / image size, an SFT
+checkpoint of another family)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlinf_embodied.config import ConfigError
+
+pytestmark = [pytest.mark.maniskill, pytest.mark.timeout(1800)]
+
+CONFIG = "configs/sft/maniskill_lang3_sft_rl_oft.yaml"
+K = 4
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """One demo each of PushCube and PullCube at 32 px, a 20-step SFT, 1 trial per task."""
+    from rlinf_embodied.sft.pipeline import load_sft_config, run_demos, run_sft
+
+    root = tmp_path_factory.mktemp("vla")
+    cfg = load_sft_config(CONFIG, [
+        f"run.dir={root / 'run'}", f"demos.dir={root / 'demos'}", "demos.num_trajectories=1",
+        "demos.processes=1", "env.task_ids=[0,1]", "env.sensor_size=32",
+        "env.max_episode_steps=12", "policy.tiny.image_size=32", "policy.tiny.vit_dims=[32,32]",
+        "policy.tiny.llm_hidden=64", "policy.tiny.llm_layers=2", f"policy.action_chunk={K}",
+        "bc.steps=20", "bc.batch_size=16", "eval.episodes=1", "eval.num_envs=2",
+        "eval.num_processes=0", "eval.gate_episodes=1"])
+    run_demos(cfg, log=lambda *_: None)
+    out = run_sft(cfg, log=lambda *_: None)
+    return cfg, out
+
+
+def test_suite_env_serves_a_mix_of_tasks():
+    from rlinf_embodied.config import config_class
+    from rlinf_embodied.envs import make_env
+
+    cfg = config_class("env", "maniskill")(suite="maniskill_lang3", obs_mode="rgb", num_envs=3,
+                                           num_processes=0, sensor_size=32,
+                                           control_mode="pd_ee_delta_pose")
+    env = make_env(cfg)
+    try:
+        obs, _ = env.reset(seed=0)  # env i: seed i -> task i % 3
+        assert obs["task_descriptions"] == ["push the cube to the goal region",
+                                            "pull the cube to the goal region",
+                                            "stack the red cube on top of the green cube"]
+        assert obs["main_images"].shape == (3, 32, 32, 3) and obs["states"].shape == (3, 8)
+        # a gripper pointing down has a near-zero orientation in the proprio layout
+        assert float(obs["states"][:, 3:6].abs().max()) < 0.5
+        obs, _ = env.reset(seed=7, env_ids=[1], options={"task_ids": [2]})
+        assert obs["task_descriptions"][1].startswith("stack")
+        obs, *_ = env.step(torch.zeros(3, 7))
+        assert obs["task_descriptions"][1].startswith("stack")
+        assert env.max_episode_steps == 80
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="task_ids"):
+        config_class("env", "maniskill")(suite="maniskill_lang3", obs_mode="rgb", task_ids=[5])
+    with pytest.raises(ConfigError, match="Unknown ManiSkill suite"):
+        config_class("env", "maniskill")(suite="maniskill_lang", obs_mode="rgb")
+
+
+def test_demos_store_rgb_instructions_and_the_vla_controller(pipeline):
+    from rlinf_embodied.sft.dataset import RGBDemoDataset
+    from rlinf_embodied.sft.vla_demos import find_suite_demos
+
+    cfg, _ = pipeline
+    found = find_suite_demos(cfg.demos.dir, cfg.env)
+    assert list(found) == ["PushCube-v1", "PullCube-v1"]
+    meta = json.loads(found["PullCube-v1"].with_suffix(".json").read_text())
+    assert meta["episodes"][0]["instruction"] == "pull the cube to the goal region"
+    assert meta["rlinf"]["control_mode"] == "pd_ee_delta_pose" and meta["rlinf"]["sensor_size"] == 32
+    data = RGBDemoDataset(list(found.values()))
+    assert data.main_images.shape[1:] == (32, 32, 3) and data.actions.shape[1] == 7
+    assert data.num_trajectories == 2 and len(data) > 100
+    chunk = data.chunks(torch.tensor([len(data) - 1]), K)  # past the end: the last action repeated
+    assert torch.equal(chunk[0, 0], chunk[0, -1])
+    other = type(cfg.env)(**{**cfg.env.__dict__, "sensor_size": 64})
+    with pytest.raises(ValueError, match="env.sensor_size=32 but the policy's env has env.sensor_size=64"):
+        data.check_env(other)
+    other = type(cfg.env)(**{**cfg.env.__dict__, "control_mode": "pd_joint_delta_pos"})
+    with pytest.raises(ValueError, match="control_mode"):
+        data.check_env(other)
+
+
+def test_sft_checkpoint_has_the_published_layout_and_demo_statistics(pipeline):
+    from rlinf_embodied.policies import load_policy
+
+    cfg, out = pipeline
+    vla = cfg.run_dir() / "sft" / "vla"
+    stats = json.loads((vla / "dataset_statistics.json").read_text())
+    key = "maniskill_lang3_pd_ee_delta_pose"
+    assert set(stats[key]) >= {"action", "proprio", "num_transitions"}
+    assert len(stats[key]["action"]["q01"]) == 7 and stats[key]["action"]["mask"][-1] is False
+    assert list(vla.glob("proprio_projector--*_checkpoint.pt"))
+    policy = load_policy(out["checkpoint"])
+    assert policy.unnorm_key == key and policy.config.pretrained == str(vla.resolve())
+    assert policy.config.image_preprocessing == "fast"
+
+
+def test_evaluation_reports_tasks_and_the_executed_chunk(pipeline):
+    from rlinf_embodied.eval.results import ResultsFile
+
+    cfg, out = pipeline
+    ev = out["evaluation"]
+    assert set(ev["per_task"]) == {"0", "1"} and ev["episodes"] == 2
+    res = ResultsFile.load(ev["results"])
+    assert res.header["protocol"]["name"] == "maniskill_lang3_v1"
+    for e in res.episodes:
+        assert e.action_chunk == K and e.open_loop_steps == K
+        assert e.queries == -(-e.steps // K)
+        assert e.instruction in ("push the cube to the goal region", "pull the cube to the goal region")
+
+
+def test_bad_inputs_get_one_line(pipeline, tmp_path):
+    from rlinf_embodied.sft.gate import GateError, check_gate
+    from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
+
+    cfg, out = pipeline
+    with pytest.raises(ConfigError, match="no ManiSkill motion-planning solution"):
+        load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", ["env.env_id=PushT-v1"])
+    token_sft = load_sft_config("configs/sft/maniskill_lang3_sft_rl_openvla.yaml",
+                                ["rl.config=maniskill_lang3_grpo_openvla_oft_finetune"])
+    with pytest.raises(ConfigError, match="policy.type is 'openvla' in the SFT config but 'openvla_oft'"):
+        validate_rl_stage(token_sft)
+    with pytest.raises(ConfigError, match="policy.action_chunk is 4 in the SFT config but 8"):
+        validate_rl_stage(cfg, ["policy.action_chunk=8"])
+    with pytest.raises(GateError, match="holds a 'openvla_oft' policy but the RL run's policy.type is 'openvla'"):
+        check_gate(cfg.run_dir() / "sft" / "vla", cfg.env, tmp_path, policy_type="openvla")
