@@ -121,7 +121,7 @@ def tiny_tokenizer(base_vocab: int, words: Sequence[str] = ()) -> Any:
         ValueError: if ``base_vocab`` cannot hold the characters, the words' pieces and 256
             action ids.
     """
-    from tokenizers import Tokenizer, models, processors
+    from tokenizers import Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, SPACE_TOKEN: 3}
@@ -143,6 +143,7 @@ def tiny_tokenizer(base_vocab: int, words: Sequence[str] = ()) -> Any:
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)]
     )
+    tok.decoder = decoders.Fuse()  # pieces carry their own spaces: decode(encode(x)) == x
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         pad_token="<PAD>", model_max_length=2048,

@@ -72,14 +72,14 @@ def test_demos_store_rgb_instructions_and_the_vla_controller(pipeline):
     from rlinf_embodied.sft.vla_demos import find_suite_demos
 
     cfg, _ = pipeline
-    found = find_suite_demos(cfg.demos.dir, cfg.env)
+    found = find_suite_demos(cfg.demos.dir, cfg.env, stride=cfg.demos.stride)
     assert list(found) == ["PushCube-v1", "PullCube-v1"]
     meta = json.loads(found["PullCube-v1"].with_suffix(".json").read_text())
     assert meta["episodes"][0]["instruction"] == "pull the cube to the goal region"
     assert meta["rlinf"]["control_mode"] == "pd_ee_delta_pose" and meta["rlinf"]["sensor_size"] == 32
     data = RGBDemoDataset(list(found.values()))
     assert data.main_images.shape[1:] == (32, 32, 3) and data.actions.shape[1] == 7
-    assert data.num_trajectories == 2 and len(data) > 100
+    assert data.num_trajectories == 2 and len(data) > 40
     chunk = data.chunks(torch.tensor([len(data) - 1]), K)  # past the end: the last action repeated
     assert torch.equal(chunk[0, 0], chunk[0, -1])
     other = type(cfg.env)(**{**cfg.env.__dict__, "sensor_size": 64})
