@@ -28,8 +28,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _passive_omp() -> None:
-    """OpenMP threads of this process sleep when idle (:func:`~rlinf_embodied.runtime.device.
-    omp_wait_env`) unless the user chose otherwise: SFT and the evaluations run the policy here,
+    """OpenMP threads of this process sleep when idle (:func:`~rlinf_embodied.omp.omp_wait_env`) unless the user chose otherwise: SFT and the evaluations run the policy here,
     beside the env processes, and spinning libgomp threads on a shared 2-core machine made
     each tiny-VLA forward 30-300x slower (measured: 2-15 s instead of 0.03 s at load 9).
     Effective only before torch is imported."""
@@ -37,7 +36,7 @@ def _passive_omp() -> None:
     import sys
 
     if "torch" not in sys.modules:
-        from rlinf_embodied.runtime.device import omp_wait_env
+        from rlinf_embodied.omp import omp_wait_env
 
         for k, v in omp_wait_env().items():
             os.environ.setdefault(k, v)
