@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -253,12 +254,15 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     if differing:
         log(f"  trials whose success differs from the SFT stage's: {differing}")
     if "sampled" in result:
-        log(f"  sampled actions (what RL rollouts take; mean log-std {result['log_std']:.2f}) "
+        spread = (f"; mean log-std {result['log_std']:.2f}" if math.isfinite(result["log_std"])
+                  else "")  # token and flow heads have no Gaussian log-std
+        log(f"  sampled actions (what RL rollouts take{spread}) "
             f"score {result['sampled']:.2f} on the same trials")
         if result["sampled"] < ev["rate"] - tol:
+            fix = ("fit a tighter log-std in BC (bc.fit_log_std, bc.min_log_std)" if spread
+                   else "lower policy.temperature or train SFT longer (bc.steps)")
             log("  warning: the sampled actions succeed far less often than the greedy ones, "
-                "so RL sees few successes; fit a tighter log-std in BC (bc.fit_log_std, "
-                "bc.min_log_std).")
+                f"so RL sees few successes; {fix}.")
     if not result["passed"]:
         raise GateError(
             f"The SFT checkpoint {checkpoint} scores {ev['rate']:.2f} success under the RL run's "
