@@ -29,11 +29,13 @@ class TinyArchConfig:
     vit_depth: int = 2
     """Blocks per ViT; features come from the second-to-last one, as in Prismatic (7B: 24, 27)."""
     vit_heads: int = 2
+    """Attention heads of each ViT; must divide both ``vit_dims`` (7B: 16)."""
     llm_hidden: int = 64
     """Llama width (7B: 4096)."""
     llm_layers: int = 2
     """Llama layers (7B: 32)."""
     llm_heads: int = 4
+    """Llama attention heads; must divide ``llm_hidden`` (7B: 32)."""
     n_action_bins: int = 256
     """Action tokens per dimension, the last ids of the vocabulary (OpenVLA: 256 uniform bins
     on [-1, 1] of the q01/q99-normalised action)."""
