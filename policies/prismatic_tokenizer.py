@@ -7,6 +7,8 @@ character-level stand-in for tiny instances with the same special tokens and act
 
 from __future__ import annotations
 
+import json
+
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,7 +70,15 @@ class PromptTokenizer:
                 f"No tokenizer.json or tokenizer.model in {p}; copy the tokenizer files of the "
                 "checkpoint into that directory."
             )
-        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
+        kw = {}
+        tc = p / "tokenizer_config.json"
+        if tc.is_file() and json.loads(tc.read_text()).get("tokenizer_class"):
+            from transformers import PretrainedConfig
+
+            # the class is named: AutoTokenizer need not read the VLA's config.json, whose
+            # model_type (openvla) transformers does not know and warns about on every load
+            kw["config"] = PretrainedConfig()
+        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False, **kw)
         return cls(tok, max_prompt_tokens)
 
     def __call__(self, instructions: Sequence[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
