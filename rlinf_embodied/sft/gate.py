@@ -246,7 +246,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes)
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
-        result["log_std"] = sp["log_std"]
+        # mean log-std of a Gaussian head; None (JSON null) for token and flow heads
+        result["log_std"] = sp["log_std"] if math.isfinite(sp["log_std"]) else None
     atomic_write_json(out_dir / "gate.json", result)
     verdict = "passed" if result["passed"] else "FAILED"
     log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{trials - 1} "
@@ -254,8 +255,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     if differing:
         log(f"  trials whose success differs from the SFT stage's: {differing}")
     if "sampled" in result:
-        spread = (f"; mean log-std {result['log_std']:.2f}" if math.isfinite(result["log_std"])
-                  else "")  # token and flow heads have no Gaussian log-std
+        spread = ("" if result["log_std"] is None
+                  else f"; mean log-std {result['log_std']:.2f}")
         log(f"  sampled actions (what RL rollouts take{spread}) "
             f"score {result['sampled']:.2f} on the same trials")
         if result["sampled"] < ev["rate"] - tol:
