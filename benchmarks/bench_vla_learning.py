@@ -1,6 +1,6 @@
-"""VLA learning benchmark: does SFT -> RL make a miniature OpenVLA / OpenVLA-OFT better?
+"""VLA learning benchmark: does SFT -> RL make a miniature OpenVLA / OpenVLA-OFT / π0 / π0.5 better?
 
-Per family (``--family openvla|oft|all``) it runs the family's whole pipeline through the real
+Per family (``--family openvla|oft|pi0|pi05|all``; ``all``: every family) it runs the family's whole pipeline through the real
 CLI (``rlinf-embodied sft-rl configs/sft/maniskill_lang3_sft_rl_<family>.yaml``: motion-planning
 demos, SFT, the step-0 gate, RL, evaluation) in a fresh run directory (demos are shared between
 families and reused when present) and reads its ``summary.json`` and the RL run's
@@ -17,8 +17,8 @@ families and reused when present) and reads its ``summary.json`` and the RL run'
   wall times are noisy, env steps are not).
 
 ``--quick`` (``make bench``): tiny settings that check the chain end to end in a few minutes
-(1 demo per task, 2 tasks, 32 px, 30 SFT steps, 2 RL iterations, 2 trials per task); its
-success rates mean nothing. ``--summarize DIR ...`` reads finished pipeline directories
+(1 demo per task, 2 tasks, 32 px (π0 / π0.5: the 32 px ``tiny`` preset), 30 SFT steps, 2 RL
+iterations, 2 trials per task); its success rates mean nothing. ``--summarize DIR ...`` reads finished pipeline directories
 instead of running. Prints one JSON line last: ``{"families": {"<name>": {...}}, ...}``.
 """
 
@@ -36,12 +36,26 @@ from bench_learning import LoadSampler  # noqa: E402  (benchmarks/ is the script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"openvla": "configs/sft/maniskill_lang3_sft_rl_openvla.yaml",
-           "oft": "configs/sft/maniskill_lang3_sft_rl_oft.yaml"}
-QUICK = ["demos.num_trajectories=1", "env.task_ids=[0,1]", "env.sensor_size=32",
-         "policy.tiny.image_size=32", "bc.steps=30", "bc.batch_size=16", "eval.episodes=2",
+           "oft": "configs/sft/maniskill_lang3_sft_rl_oft.yaml",
+           "pi0": "configs/sft/maniskill_lang3_sft_rl_pi0.yaml",
+           "pi05": "configs/sft/maniskill_lang3_sft_rl_pi05.yaml"}
+#: ``--quick``'s 32 px images per family: OpenVLA / OFT's tiny arch, π0's tiny preset
+QUICK_IMAGE = {"openvla": "policy.tiny.image_size=32", "oft": "policy.tiny.image_size=32",
+               "pi0": "policy.preset=tiny", "pi05": "policy.preset=tiny"}
+QUICK = ["demos.num_trajectories=1", "env.task_ids=[0,1]", "env.sensor_size=32", "bc.steps=30", "bc.batch_size=16", "eval.episodes=2",
          "eval.gate_episodes=1", "env.max_episode_steps=24",
          "rl.overrides=[trainer.iterations=2,trainer.eval_every=0,trainer.save_every=2,"
          "env.num_envs=4,algorithm.filter_low=null,algorithm.filter_high=null]"]
+
+
+def family_of(run_dir: str | Path) -> str:
+    """The family whose name a pipeline directory's name contains (the longest match: pi05
+    before pi0, oft before openvla's directory ``openvla``)."""
+    name = Path(run_dir).name
+    for family in sorted(CONFIGS, key=len, reverse=True):
+        if family in name:
+            return family
+    return "openvla"
 
 
 def run_family(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> dict:
@@ -102,7 +116,8 @@ def summarize_run(run_dir: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", choices=["openvla", "oft", "all"], default="all")
+    ap.add_argument("--family", choices=[*CONFIGS, "all"], default="all",
+                    help="a family, or all: every family in turn")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end smoke settings")
     ap.add_argument("--out", default=None, help="run directories go under it (default: a fresh runs/bench_vla_<time>)")
     ap.add_argument("--demos", default="data/demos", help="demos directory (shared, reused)")
@@ -113,16 +128,15 @@ def main() -> None:
     families: dict = {}
     if args.summarize:
         for d in args.summarize:
-            name = "oft" if "oft" in Path(d).name else "openvla"
-            families[name] = summarize_run(Path(d))
+            families[family_of(d)] = summarize_run(Path(d))
     else:
         out = Path(args.out or ROOT / "runs" / f"bench_vla_{time.strftime('%Y%m%d_%H%M%S')}")
         demos = args.demos
         if args.quick:
             demos = str(out / "demos")
-        names = ["openvla", "oft"] if args.family == "all" else [args.family]
+        names = list(CONFIGS) if args.family == "all" else [args.family]
         for name in names:
-            extra = (QUICK if args.quick else []) + list(args.overrides)
+            extra = ([*QUICK, QUICK_IMAGE[name]] if args.quick else []) + list(args.overrides)
             families[name] = run_family(name, out / name, demos, extra)
             print(f"{name}: {json.dumps(families[name])}", file=sys.stderr)
     print(json.dumps({"families": families, "quick": args.quick, "cpus": os.cpu_count(),

@@ -284,10 +284,12 @@ class SFTLoss(NamedTuple):
         loss: scalar imitation objective with gradient (per action dimension).
         values: (B,) values of the same forward pass (behaviour cloning fits the critic on demo
             returns with them), or None without a critic.
+        metrics: what the SFT loop logs besides the loss (``token_accuracy``, ``l1``), or None.
     """
 
     loss: torch.Tensor
     values: torch.Tensor | None
+    metrics: dict[str, float] | None = None
 
 
 class Policy(nn.Module, abc.ABC):

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, check_mode
+from rlinf_embodied.policies.base import ActionOutput, Evaluation, SFTLoss, SpaceSpec, check_mode
 from rlinf_embodied.policies.prismatic_model import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase
 
@@ -112,7 +112,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         """See :meth:`VLAPolicyBase.sft_loss`: next-token cross-entropy of the action tokens."""
         bins, readout = self._teacher_forced(forward_inputs)
         loss, metrics = self.token_sft_loss(readout, bins)
-        return loss, metrics, self.values_from(readout[:, 0].detach())
+        return SFTLoss(loss, self.values_from(readout[:, 0].detach()), metrics)
 
     def evaluate(
         self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor | None = None

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from rlinf_embodied.policies.action_tokenizer import ActionNormalizer
-from rlinf_embodied.policies.base import ActionOutput, Evaluation, SpaceSpec, check_mode
+from rlinf_embodied.policies.base import ActionOutput, Evaluation, SFTLoss, SpaceSpec, check_mode
 from rlinf_embodied.policies.prismatic_model import attention_bias, causal_allowed
 from rlinf_embodied.policies.vla import VLAPolicyBase, gaussian_logprob_entropy, load_head
 from torch import nn
@@ -235,10 +235,10 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         values = self.values_from(readout[:, 0].detach())
         if self.action_head is None:
             loss, metrics = self.token_sft_loss(readout, samples.reshape(samples.shape[0], -1))
-            return loss, metrics, values
+            return SFTLoss(loss, values, metrics)
         mean = self.action_head(readout, self.action_chunk)
         loss = (mean - samples.float()).abs().mean()
-        return loss, {"l1": float(loss.detach())}, values
+        return SFTLoss(loss, values, {"l1": float(loss.detach())})
 
     # ------------------------------------------------------------------ contract
     @torch.no_grad()

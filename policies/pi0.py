@@ -265,7 +265,42 @@ class FlowVLAPolicy(Policy):
             return self._values(self._prefix(self.encode_obs(obs)))
         return super().predict_values(obs)
 
-    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor], actions: torch.Tensor) -> SFTLoss:
+    # ------------------------------------------------------------------ supervised fine-tuning
+    def set_dataset_statistics(self, norm_stats: Mapping[str, Any], unnorm_key: str) -> None:
+        """Normalise states and actions with ``norm_stats[unnorm_key]`` from now on (the
+        demonstrations' statistics before SFT, in the ``dataset_statistics.json`` layout of
+        :meth:`~rlinf_embodied.sft.dataset.RGBDemoDataset.statistics`: ``action`` and
+        ``proprio`` (or ``state``) entries with ``mean``/``std``/``q01``/``q99``);
+        :meth:`save_pretrained_like` writes them with the weights and ``policy.unnorm_key``
+        becomes ``unnorm_key``. The normaliser switches to LeRobot's conventions (its epsilons),
+        the layout the statistics are saved in, so the reloaded checkpoint normalises exactly
+        as training did.
+
+        Raises:
+            KeyError: ``unnorm_key`` is not in ``norm_stats`` (names the keys).
+            ValueError: a statistic's width differs from the env's, or one the normalisation
+                mode needs (π0: mean/std, π0.5: q01/q99) is missing.
+        """
+        import dataclasses
+
+        if unnorm_key not in norm_stats:
+            raise KeyError(f"No statistics {unnorm_key!r} (have {sorted(norm_stats)}).")
+        stats = norm_stats[unnorm_key]
+        self.normalizer.set_stats("state", stats["proprio"] if "proprio" in stats else stats["state"])
+        self.normalizer.set_stats("action", stats["action"])
+        self.normalizer.convention = "lerobot"
+        self.unnorm_key = unnorm_key
+        self.config = dataclasses.replace(self.config, unnorm_key=unnorm_key)
+
+    def demo_forward_inputs(self, obs: Mapping[str, Any], actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`encode_obs` of demonstration observations plus ``demo_actions`` (B, K', A)
+        float32 env units, the chunks :meth:`sft_loss` fits (the VLA SFT loop's input)."""
+        fi = self.encode_obs(obs)
+        fi["demo_actions"] = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
+        return fi
+
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor],
+                 actions: torch.Tensor | None = None) -> SFTLoss:
         """The flow-matching loss of demonstrated chunks (openpi / LeRobot training objective).
 
         Actions are normalised and padded to (B, H, D); the mean squared velocity error counts
@@ -273,13 +308,23 @@ class FlowVLAPolicy(Policy):
         and noise come from torch's global generator.
 
         Args:
-            forward_inputs: :meth:`encode_obs` of the demonstration observations (B rows).
-            actions: (B, K', A) env-unit actions following each observation, K' <= H.
+            forward_inputs: :meth:`encode_obs` (or :meth:`demo_forward_inputs`) of the
+                demonstration observations (B rows).
+            actions: (B, K', A) env-unit actions following each observation, K' <= H; None
+                reads ``forward_inputs["demo_actions"]``.
 
         Returns:
             :class:`~rlinf_embodied.policies.base.SFTLoss`: the loss (scalar, with gradient)
             and the values of the same prefix pass (None without critic).
+
+        Raises:
+            ValueError: chunks longer than H, or no actions given nor stored.
         """
+        if actions is None:
+            if "demo_actions" not in forward_inputs:
+                raise ValueError(f"{type(self).__name__}.sft_loss needs actions, or forward_inputs "
+                                 "from demo_forward_inputs(obs, actions).")
+            actions = forward_inputs["demo_actions"]
         b, k, a = actions.shape
         if k > self.horizon:
             raise ValueError(f"sft_loss got chunks of {k} actions > policy.action_horizon={self.horizon}.")
@@ -304,9 +349,17 @@ class FlowVLAPolicy(Policy):
                 "unnorm_key": self.unnorm_key, "layout": self.layout}
 
     # ------------------------------------------------------------------ export
-    def save_pretrained_like(self, path: str | Path, layout: str = "lerobot") -> Path:
+    def save_pretrained_like(self, path: str | Path, layout: str = "lerobot", step: int = 0) -> Path:
         """Write the model in a published layout (``lerobot`` or ``openpi``), loadable with
-        ``policy.pretrained`` (and by upstream at the published sizes); tokenizer files too.
+        ``policy.pretrained`` (and by upstream at the published sizes); tokenizer files and the
+        normalisation statistics too. The value head and Flow-Noise's noise head are not part of
+        the published layouts (a ``save_policy`` checkpoint keeps them).
+
+        Args:
+            path: output directory (created).
+            layout: ``lerobot`` (``policy_preprocessor.json`` + statistics) or ``openpi``
+                (``assets/<unnorm_key>/norm_stats.json``).
+            step: unused (the SFT pipeline passes it to every VLA; OFT names head files by it).
         """
         arch, cfg = self.arch, self.config
         vision, vlm, expert = arch.variants

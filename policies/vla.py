@@ -30,7 +30,7 @@ from rlinf_embodied.policies.action_tokenizer import (
     GripperConvention,
     select_norm_stats,
 )
-from rlinf_embodied.policies.base import Evaluation, Policy, SpaceSpec, obs_tensor
+from rlinf_embodied.policies.base import Evaluation, Policy, SFTLoss, SpaceSpec, obs_tensor
 from rlinf_embodied.policies.prismatic_checkpoint import (
     identity_norm_stats,
     image_preprocessor,
@@ -304,13 +304,14 @@ class VLAPolicyBase(Policy):
         fi["action_samples"] = self.samples_from_env_actions(actions)
         return fi
 
-    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
+    def sft_loss(self, forward_inputs: Mapping[str, torch.Tensor]) -> SFTLoss:
         """Supervised loss of the stored ``action_samples`` (the published models' training
         objective): mean cross-entropy per action token at temperature 1 (OpenVLA, OFT's
         discrete head) or mean L1 in normalised units (OFT's continuous head).
 
         Returns:
-            ``(loss, metrics, values (N,) or None)``; values come from the same forward pass
+            :class:`~rlinf_embodied.policies.base.SFTLoss` ``(loss, values (N,) or None,
+            metrics)``; values come from the same forward pass
             with the hidden state detached, so fitting the value head to demonstration returns
             moves the value head alone (measured: with the backbone in the value loss, whose
             targets reach 1 / (1 - gamma) = 20, the action tokens' accuracy after 1,000 steps

@@ -16,7 +16,12 @@ from pathlib import Path
 
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
-__all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig"]
+__all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES"]
+
+VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
+"""Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
+published layout (OpenVLA / OFT: Prismatic shards + ``dataset_statistics.json``; π0 / π0.5:
+LeRobot's ``model.safetensors`` + ``policy_preprocessor.json`` statistics)."""
 
 
 @dataclass
@@ -159,7 +164,7 @@ class SFTJobConfig:
                 raise ConfigError(
                     f"env task {env_id} has no ManiSkill motion-planning solution, so no "
                     f"demonstrations can be recorded for it; use tasks among {', '.join(MP_SOLUTIONS)}.")
-        if self.policy.type in ("openvla", "openvla_oft") and getattr(self.env, "suite", None) is None:
+        if self.policy.type in VLA_TYPES and getattr(self.env, "suite", None) is None:
             raise ConfigError(
                 f"policy.type={self.policy.type} learns from a language-conditioned suite's RGB "
                 "demos; set env.suite (e.g. maniskill_lang3) and env.obs_mode=rgb.")

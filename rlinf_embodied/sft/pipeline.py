@@ -7,8 +7,8 @@ Layout of ``<run dir>`` (``run.dir`` or ``runs/<run.name>``):
   :mod:`rlinf_embodied.sft.vla_demos`);
 * ``sft/``: ``policy/`` (the behaviour-cloned checkpoint), ``bc_metrics.json``,
   ``eval.json`` (+ reports; held-out trials 0..eval.episodes-1) and ``sft_record.json``; a VLA
-  also gets ``vla/``, the checkpoint in the published OpenVLA / OFT layout with the demos'
-  q01/q99 statistics (the RL stage starts from it through ``policy.pretrained``);
+  also gets ``vla/``, the checkpoint in the published layout (OpenVLA / OFT's; LeRobot's for
+  π0 / π0.5) with the demos' statistics (the RL stage starts from it through ``policy.pretrained``);
 * ``rl/``: a normal training run directory started from ``sft/policy`` (its ``gate.json`` is
   the step-0 gate), and ``rl/final_eval.json`` on the same held-out trials;
 * ``summary.json``: SFT vs RL success with Wilson intervals and McNemar's paired test.
@@ -22,19 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_embodied.checkpoint import atomic_write_json
-from rlinf_embodied.sft.config import SFTJobConfig
+from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
 
 __all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage",
            "VLA_TYPES"]
 
-VLA_TYPES = ("openvla", "openvla_oft")
-"""Policy types trained on RGB suite demonstrations and saved in the published layout."""
-
-#: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values.
+#: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values
+#: (a family's config lacks the others' fields: both read None). π0 / π0.5: horizon, Euler
+#: steps, greedy noise and prompt length; noise_method / noise_level only shape RL's sampling.
 _VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wrist_image",
                   "proprio_dim", "attention", "temperature", "image_preprocessing", "center_crop",
                   "gripper_to_signed", "gripper_binarize", "gripper_invert", "max_prompt_tokens",
-                  "logprob_granularity")
+                  "logprob_granularity", "action_horizon", "num_steps", "greedy_noise_seed",
+                  "max_token_len")
 
 
 def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConfig:
@@ -141,7 +141,8 @@ def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
 
 def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     """Stage 2 for a VLA on a suite: SFT on the RGB demos (:func:`~rlinf_embodied.sft.vla_bc.
-    train_vla_bc`) with the demos' q01/q99 statistics, save ``sft/vla`` (published layout) and
+    train_vla_bc`) with the demos' statistics, save ``sft/vla`` (published layout: OpenVLA /
+    OFT's, LeRobot's for π0 / π0.5) and
     ``sft/policy`` (whose ``policy.pretrained`` is ``sft/vla``), evaluate, record.
 
     Raises:
@@ -175,7 +176,7 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     spec = space_spec_of(e)
     torch.manual_seed(cfg.bc.seed)
     pcfg = dataclasses.replace(cfg.policy, checkpoint=None, pretrained=None)
-    if pcfg.image_preprocessing == "auto":  # what a tiny preset resolves to; kept once pretrained
+    if getattr(pcfg, "image_preprocessing", None) == "auto":  # a tiny preset's; kept once pretrained
         pcfg = dataclasses.replace(pcfg, image_preprocessing="fast")
     from rlinf_embodied.policies.prismatic_config import select_device_dtype
 

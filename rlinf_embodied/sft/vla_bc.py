@@ -1,12 +1,13 @@
-"""Supervised fine-tuning of a VLA policy (OpenVLA, OpenVLA-OFT) on RGB demonstrations.
+"""Supervised fine-tuning of a VLA policy (OpenVLA, OpenVLA-OFT, π0, π0.5) on RGB demonstrations.
 
 The loss is each published model's own training objective on the demonstrated action chunks
-(:meth:`~rlinf_embodied.policies.vla.VLAPolicyBase.sft_loss`): next-token cross-entropy of the
-action tokens at temperature 1 (OpenVLA; OFT's discrete head) or the L1 distance of the
-normalised chunk (OFT's continuous head). Actions are normalised with the demonstrations' own
-q01/q99 statistics, installed in the policy first
-(:meth:`~rlinf_embodied.policies.vla.VLAPolicyBase.set_dataset_statistics`) and saved with the
-checkpoint as the published models carry them, so SFT, RL and evaluation un-normalise alike.
+(``policy.sft_loss`` of ``policy.demo_forward_inputs``): next-token cross-entropy of the
+action tokens at temperature 1 (OpenVLA; OFT's discrete head), the L1 distance of the
+normalised chunk (OFT's continuous head), or the flow-matching velocity error (π0 / π0.5,
+:meth:`~rlinf_embodied.policies.pi0.FlowVLAPolicy.sft_loss`). Actions are normalised with the
+demonstrations' own statistics (q01/q99; π0: mean/std), installed in the policy first
+(``policy.set_dataset_statistics``) and saved with the checkpoint as the published models carry
+them, so SFT, RL and evaluation un-normalise alike.
 
 With ``bc.value_gamma`` and a value head (PPO), the value head alone (on the detached hidden
 state) is fitted to the demonstrations' discounted returns in the same passes, so PPO does not
@@ -46,15 +47,16 @@ def train_vla_bc(policy, data: Any, cfg: BCConfig, log=print) -> dict[str, float
     """Fine-tune ``policy`` on ``data`` in place.
 
     Args:
-        policy: an OpenVLA / OpenVLA-OFT policy whose dataset statistics are the demos'.
+        policy: an OpenVLA / OpenVLA-OFT / π0 / π0.5 policy whose dataset statistics are the
+            demos'.
         data: a :class:`~rlinf_embodied.sft.dataset.RGBDemoDataset`.
         cfg: ``steps``, ``batch_size``, ``lr``, ``weight_decay``, ``max_grad_norm``, ``seed``,
             ``value_gamma``, ``image_shift``.
         log: progress printer (every 10% of the steps).
 
     Returns:
-        ``{"bc/loss": final-10% mean loss, "bc/token_accuracy" or "bc/l1", "bc/value_mse",
-        "bc/seconds", "bc/transitions", "bc/steps"}``.
+        ``{"bc/loss": final-10% mean loss, "bc/token_accuracy" or "bc/l1" (none for π0),
+        "bc/value_mse", "bc/seconds", "bc/transitions", "bc/steps"}``.
 
     Raises:
         ValueError: the demonstrations' action width differs from the policy's.
@@ -81,8 +83,9 @@ def train_vla_bc(policy, data: Any, cfg: BCConfig, log=print) -> dict[str, float
         obs = data.obs(idx)
         obs["main_images"] = shift_images(obs["main_images"], cfg.image_shift, gen)
         fi = policy.demo_forward_inputs(obs, data.chunks(idx, K))
-        loss, metrics, values = policy.sft_loss(fi)
-        metrics = {"loss": float(loss.detach()), **metrics}
+        out = policy.sft_loss(fi)
+        loss, values = out.loss, out.values
+        metrics = {"loss": float(loss.detach()), **(out.metrics or {})}
         if fit_value:
             vloss = 0.5 * ((values.float() - returns[idx].to(values.device)) ** 2).mean()
             loss = loss + vloss

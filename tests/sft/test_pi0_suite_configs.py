@@ -1,0 +1,46 @@
+"""The π0 / π0.5 suite pipelines' configs load and their RL stage validates (nothing runs), and
+an SFT checkpoint of another family is refused in one line (config check and step-0 gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlinf_embodied.config import ConfigError
+from rlinf_embodied.sft.gate import GateError, check_family
+from rlinf_embodied.sft.pipeline import VLA_TYPES, load_sft_config, validate_rl_stage
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("family", ["pi0", "pi05"])
+def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
+    cfg = load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{family}.yaml", [f"run.dir={tmp_path}"])
+    assert cfg.policy.type == family in VLA_TYPES and cfg.env.suite == "maniskill_lang3"
+    job = validate_rl_stage(cfg)
+    assert job.policy.type == family
+    assert Path(job.policy.pretrained) == (tmp_path / "sft" / "vla").resolve()
+    assert job.policy.noise_method == "flow_sde" and job.algorithm.advantage == "grpo"
+    assert job.env.num_envs % job.algorithm.group_size == 0 and job.env.suite == "maniskill_lang3"
+    # the RL stage acts as the SFT checkpoint does: same horizon, chunk, denoising steps
+    for name in ("action_horizon", "action_chunk", "num_steps", "max_token_len", "use_wrist_image"):
+        assert getattr(job.policy, name) == getattr(cfg.policy, name), name
+    with pytest.raises(ConfigError, match=r"policy\.action_horizon is 8 in the SFT config but 10"):
+        validate_rl_stage(cfg, ["policy.action_horizon=10"])
+
+
+def test_rl_stage_of_another_family_is_refused(tmp_path):
+    cfg = load_sft_config("configs/sft/maniskill_lang3_sft_rl_pi0.yaml", [
+        f"run.dir={tmp_path}", "rl.config=maniskill_lang3_grpo_pi05_finetune"])
+    with pytest.raises(ConfigError, match="of another family"):
+        validate_rl_stage(cfg)
+
+
+@pytest.mark.parametrize("have,want", [("pi0", "openvla_oft"), ("openvla", "pi05"), ("pi05", "pi0")])
+def test_gate_refuses_an_sft_checkpoint_of_another_family_in_one_line(have, want):
+    with pytest.raises(GateError) as e:
+        check_family({"policy_type": have}, want, "runs/x/sft/vla")
+    msg = str(e.value)
+    assert "\n" not in msg and repr(have) in msg and repr(want) in msg
+    check_family({"policy_type": want}, want, "runs/x/sft/vla")  # the same family passes
