@@ -1,6 +1,6 @@
 """VLA learning benchmark: does SFT -> RL make a miniature OpenVLA / OpenVLA-OFT / π0 / π0.5 better?
 
-Per family (``--family openvla|oft|pi0|pi05|all``; ``all``: every family) it runs the family's whole pipeline through the real
+Per family (``--family openvla|openvla_oft|pi0|pi05|all``, families named by their ``policy.type``; ``oft`` is accepted for ``openvla_oft``; ``all``: every family) it runs the family's whole pipeline through the real
 CLI (``rlinf-embodied sft-rl configs/sft/maniskill_lang3_sft_rl_<family>.yaml``: motion-planning
 demos, SFT, the step-0 gate, RL, evaluation) in a fresh run directory (demos are shared between
 families and reused when present) and reads its ``summary.json`` and the RL run's
@@ -36,11 +36,11 @@ from bench_learning import LoadSampler  # noqa: E402  (benchmarks/ is the script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"openvla": "configs/sft/maniskill_lang3_sft_rl_openvla.yaml",
-           "oft": "configs/sft/maniskill_lang3_sft_rl_oft.yaml",
+           "openvla_oft": "configs/sft/maniskill_lang3_sft_rl_oft.yaml",
            "pi0": "configs/sft/maniskill_lang3_sft_rl_pi0.yaml",
            "pi05": "configs/sft/maniskill_lang3_sft_rl_pi05.yaml"}
 #: ``--quick``'s 32 px images per family: OpenVLA / OFT's tiny arch, π0's tiny preset
-QUICK_IMAGE = {"openvla": "policy.tiny.image_size=32", "oft": "policy.tiny.image_size=32",
+QUICK_IMAGE = {"openvla": "policy.tiny.image_size=32", "openvla_oft": "policy.tiny.image_size=32",
                "pi0": "policy.preset=tiny", "pi05": "policy.preset=tiny"}
 QUICK = ["demos.num_trajectories=1", "env.task_ids=[0,1]", "env.sensor_size=32", "bc.steps=30", "bc.batch_size=16", "eval.episodes=2",
          "eval.gate_episodes=1", "env.max_episode_steps=24",
@@ -48,13 +48,16 @@ QUICK = ["demos.num_trajectories=1", "env.task_ids=[0,1]", "env.sensor_size=32",
          "env.num_envs=4,algorithm.filter_low=null,algorithm.filter_high=null]"]
 
 
+ALIASES = {"oft": "openvla_oft"}
+
+
 def family_of(run_dir: str | Path) -> str:
-    """The family whose name a pipeline directory's name contains (the longest match: pi05
-    before pi0, oft before openvla's directory ``openvla``)."""
+    """The family whose name (or alias) a pipeline directory's name contains, the longest
+    first: pi05 before pi0, openvla_oft / oft before openvla."""
     name = Path(run_dir).name
-    for family in sorted(CONFIGS, key=len, reverse=True):
-        if family in name:
-            return family
+    for key in sorted([*CONFIGS, *ALIASES], key=len, reverse=True):
+        if key in name:
+            return ALIASES.get(key, key)
     return "openvla"
 
 
@@ -116,8 +119,8 @@ def summarize_run(run_dir: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", choices=[*CONFIGS, "all"], default="all",
-                    help="a family, or all: every family in turn")
+    ap.add_argument("--family", choices=[*CONFIGS, *ALIASES, "all"], default="all",
+                    help="a family (its policy.type; oft = openvla_oft), or all: every family in turn")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end smoke settings")
     ap.add_argument("--out", default=None, help="run directories go under it (default: a fresh runs/bench_vla_<time>)")
     ap.add_argument("--demos", default="data/demos", help="demos directory (shared, reused)")
@@ -134,7 +137,7 @@ def main() -> None:
         demos = args.demos
         if args.quick:
             demos = str(out / "demos")
-        names = list(CONFIGS) if args.family == "all" else [args.family]
+        names = list(CONFIGS) if args.family == "all" else [ALIASES.get(args.family, args.family)]
         for name in names:
             extra = ([*QUICK, QUICK_IMAGE[name]] if args.quick else []) + list(args.overrides)
             families[name] = run_family(name, out / name, demos, extra)
