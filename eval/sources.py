@@ -248,6 +248,31 @@ def _execution(policy: Any) -> Dict[str, Any]:
             "action_chunk": k, "open_loop_steps": k}
 
 
+def _training_env_hint(ckpt: Path) -> str:
+    """``": --env-override control_mode=... --env-override sensor_size=..."`` from the env
+    settings saved beside a checkpoint (an SFT stage's ``sft_record.json`` or a run's
+    ``config.yaml``, in the checkpoint directory or up to three levels above); "" if none."""
+    import yaml
+
+    env: dict = {}
+    for d in [ckpt, *list(ckpt.parents)[:3]]:
+        try:
+            if (d / "sft_record.json").is_file():
+                env = json.loads((d / "sft_record.json").read_text()).get("env") or {}
+            elif (d / "config.yaml").is_file():
+                env = (yaml.safe_load((d / "config.yaml").read_text()) or {}).get("env") or {}
+            else:
+                continue
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        break
+    flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
+             if isinstance(env, dict) and env.get(k) is not None]
+    if isinstance(env, dict) and env.get("obs_mode"):
+        flags.append(f"--obs-mode {env['obs_mode']}")
+    return (": " + " ".join(flags)) if flags else ""
+
+
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                      expected_type: Optional[str], which: str = "latest") -> LoadedPolicy:
     from rlinf_embodied.policies.registry import PolicyCheckpointError, load_policy
@@ -270,7 +295,7 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
         raise PolicySourceError(
             f"Checkpoint {ckpt} ({policy.config.type} policy) does not match this env: it was "
             f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
-            "trained on."
+            f"trained on{_training_env_hint(ckpt)}."
         )
     which_run, iteration = None, None
     if (path / "checkpoints").is_dir():  # a run directory: say which of its checkpoints
