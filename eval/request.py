@@ -172,7 +172,9 @@ def run_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
     and that file's path.
 
     Looks in the directory and up to three levels above it (a run, ``checkpoints/iter_*`` or
-    ``checkpoints/iter_*/policy``); ``({}, None)`` when there is none (or it does not parse).
+    ``checkpoints/iter_*/policy``); an SFT stage's ``sft_record.json`` (``<run>/sft/policy``)
+    counts as one, its ``env`` section being the SFT env's; ``({}, None)`` when there is none
+    (or it does not parse).
     """
     path = Path(source)
     if not path.is_dir():
@@ -181,6 +183,13 @@ def run_config(source: str) -> Tuple[Dict[str, Any], Optional[Path]]:
 
     for d in [path, *list(path.resolve().parents)[:3]]:
         cfg = d / "config.yaml"
+        record = d / "sft_record.json"
+        if record.is_file() and not cfg.is_file():
+            try:
+                data = yaml.safe_load(record.read_text()) or {}  # JSON is YAML
+            except (OSError, yaml.YAMLError):
+                return {}, None
+            return (data if isinstance(data, dict) else {}), record
         if cfg.is_file():
             try:
                 data = yaml.safe_load(cfg.read_text()) or {}

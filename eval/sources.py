@@ -249,26 +249,15 @@ def _execution(policy: Any) -> Dict[str, Any]:
 
 
 def _training_env_hint(ckpt: Path) -> str:
-    """``": --env-override control_mode=... --env-override sensor_size=..."`` from the env
-    settings saved beside a checkpoint (an SFT stage's ``sft_record.json`` or a run's
-    ``config.yaml``, in the checkpoint directory or up to three levels above); "" if none."""
-    import yaml
+    """``": --env-override control_mode=... --env-override sensor_size=... --obs-mode ..."``
+    from the env settings saved beside a checkpoint
+    (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any."""
+    from rlinf_embodied.eval.request import run_env_config
 
-    env: dict = {}
-    for d in [ckpt, *list(ckpt.parents)[:3]]:
-        try:
-            if (d / "sft_record.json").is_file():
-                env = json.loads((d / "sft_record.json").read_text()).get("env") or {}
-            elif (d / "config.yaml").is_file():
-                env = (yaml.safe_load((d / "config.yaml").read_text()) or {}).get("env") or {}
-            else:
-                continue
-        except (OSError, ValueError, yaml.YAMLError):
-            continue
-        break
+    env, _ = run_env_config(str(ckpt))
     flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
-             if isinstance(env, dict) and env.get(k) is not None]
-    if isinstance(env, dict) and env.get("obs_mode"):
+             if env.get(k) is not None]
+    if env.get("obs_mode"):
         flags.append(f"--obs-mode {env['obs_mode']}")
     return (": " + " ".join(flags)) if flags else ""
 

@@ -103,6 +103,13 @@ def test_sft_checkpoint_has_the_published_layout_and_demo_statistics(pipeline):
     policy = load_policy(out["checkpoint"])
     assert policy.unnorm_key == key and policy.config.pretrained == str(vla.resolve())
     assert policy.config.image_preprocessing == "fast"
+    # `eval --policy <run>/sft/policy` takes the SFT env's controller and image size from the
+    # record beside it, as it does from a training run's config.yaml
+    from rlinf_embodied.eval.request import run_env_config
+
+    env, src = run_env_config(str(cfg.run_dir() / "sft" / "policy"))
+    assert src.name == "sft_record.json"
+    assert env["control_mode"] == "pd_ee_delta_pose" and env["sensor_size"] == 32
 
 
 def test_evaluation_reports_tasks_and_the_executed_chunk(pipeline):
