@@ -297,8 +297,9 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
                              num_processes=cfg.eval.num_processes)
     ev["wall_s"] = time.perf_counter() - t0
     atomic_write_json(rl_dir / "final_eval_summary.json", ev)
-    log(f"rl: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}), "
-        f"success_at_end {ev['success_at_end_rate']:.3f}")
+    at_end = ev.get("success_at_end_rate")  # None where the protocol ends episodes at success
+    log(f"rl: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f})"
+        + (f", success_at_end {at_end:.3f}" if at_end is not None else ""))
     return {"gate": gate, "state": state, "checkpoint": str(ckpt), "evaluation": ev}
 
 
