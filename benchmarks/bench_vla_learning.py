@@ -123,20 +123,24 @@ def main() -> None:
                     help="a family (its policy.type; oft = openvla_oft), or all: every family in turn")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end smoke settings")
     ap.add_argument("--out", default=None, help="run directories go under it (default: a fresh runs/bench_vla_<time>)")
-    ap.add_argument("--demos", default="data/demos", help="demos directory (shared, reused)")
+    ap.add_argument("--demos", default=None,
+                    help="demos directory, shared and reused (default: data/demos; with --quick a "
+                         "fresh one under --out)")
     ap.add_argument("--summarize", nargs="*", default=None, metavar="DIR",
                     help="read finished pipeline directories (family from the directory name)")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides of both pipelines")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of every family's pipeline")
     args = ap.parse_args()
     families: dict = {}
     if args.summarize:
         for d in args.summarize:
+            if not (Path(d) / "summary.json").is_file():
+                sys.exit(f"error: {d} has no summary.json (an unfinished pipeline); finish it with "
+                         "`rlinf-embodied finetune <its config> run.dir=...` first.")
             families[family_of(d)] = summarize_run(Path(d))
     else:
         out = Path(args.out or ROOT / "runs" / f"bench_vla_{time.strftime('%Y%m%d_%H%M%S')}")
-        demos = args.demos
-        if args.quick:
-            demos = str(out / "demos")
+        # --quick records its own 1-demo, 32 px set in the output folder unless --demos is given
+        demos = args.demos or (str(out / "demos") if args.quick else "data/demos")
         names = list(CONFIGS) if args.family == "all" else [ALIASES.get(args.family, args.family)]
         for name in names:
             extra = ([*QUICK, QUICK_IMAGE[name]] if args.quick else []) + list(args.overrides)

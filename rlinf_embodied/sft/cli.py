@@ -88,14 +88,17 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
 def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
     """Step-0 gate, RL fine-tuning from the SFT checkpoint, held-out evaluation, summary.
 
-    Exits 3 when the gate refuses the SFT checkpoint.
+    Exits 2 without an SFT checkpoint (or with one of another family), 3 when the gate
+    refuses the SFT checkpoint.
     """
-    from rlinf_embodied.sft.gate import GateError
+    from rlinf_embodied.sft.gate import GateError, SFTCheckpointError
     from rlinf_embodied.sft.pipeline import run_rl, summarize
 
     cfg = _load(config, overrides, rl_stage=True)
     try:
         run_rl(cfg, log=typer.echo)
+    except SFTCheckpointError as e:
+        _fail(str(e), code=2)
     except GateError as e:
         _fail(str(e), code=3)
     typer.echo(json.dumps(summarize(cfg)))
@@ -104,12 +107,14 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
 def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
     """All stages: demos (reused when present), SFT, gate + RL fine-tuning, summary."""
     from rlinf_embodied.sft.demos import DemoError
-    from rlinf_embodied.sft.gate import GateError
+    from rlinf_embodied.sft.gate import GateError, SFTCheckpointError
     from rlinf_embodied.sft.pipeline import run_sft_rl
 
     cfg = _load(config, overrides, rl_stage=True)
     try:
         out = run_sft_rl(cfg, log=typer.echo)
+    except SFTCheckpointError as e:
+        _fail(str(e), code=2)
     except GateError as e:
         _fail(str(e), code=3)
     except DemoError as e:

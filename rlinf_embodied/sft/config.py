@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
@@ -134,8 +135,13 @@ class RLStageConfig:
     config: str = "maniskill_pushcube_grpo_mlp_finetune"
     """Job YAML of the RL run (its env must match ``env``; its ``policy.checkpoint`` is set to
     the SFT checkpoint)."""
+    reward_mode: Optional[str] = None
+    """The RL run's ``env.reward_mode``; None: the pipeline's ``env.reward_mode`` (the demos'
+    and evaluations' reward). The suite pipelines train RL on ``normalized_dense`` while
+    their evaluations count success (docs/vla_suite.md says why)."""
     overrides: list[str] = field(default_factory=list)
-    """``key=value`` overrides of that job."""
+    """``key=value`` overrides of that job (they come last, after the settings the pipeline
+    passes on)."""
 
 
 @dataclass

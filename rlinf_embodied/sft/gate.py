@@ -33,6 +33,7 @@ from rlinf_embodied.config import EnvConfig
 __all__ = [
     "RECORD_FILE",
     "GateError",
+    "SFTCheckpointError",
     "check_family",
     "check_gate",
     "evaluate_checkpoint",
@@ -48,6 +49,11 @@ RECORD_FILE = "sft_record.json"
 
 class GateError(RuntimeError):
     """The SFT checkpoint scores far below its recorded SFT result under the RL setup."""
+
+
+class SFTCheckpointError(GateError):
+    """Bad input to the RL stage: no SFT checkpoint with its record, or one of another policy
+    family (the CLI exits 2 for it, 3 for a gate that measured and refused)."""
 
 
 def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path, trials: int,
@@ -175,11 +181,11 @@ def check_family(record: dict[str, Any], policy_type: str | None, checkpoint: An
     """Refuse an SFT checkpoint of another policy family than the RL run's.
 
     Raises:
-        GateError: the record's ``policy_type`` differs from ``policy_type`` (one line).
+        SFTCheckpointError: the record's ``policy_type`` differs from ``policy_type`` (one line).
     """
     have = record.get("policy_type")
     if policy_type is not None and have is not None and have != policy_type:
-        raise GateError(f"The SFT checkpoint {checkpoint} holds a {have!r} policy but the RL run's "
+        raise SFTCheckpointError(f"The SFT checkpoint {checkpoint} holds a {have!r} policy but the RL run's "
                         f"policy.type is {policy_type!r}; start from an SFT checkpoint of "
                         f"{policy_type} (its pipeline config) or set policy.type={have}.")
 
@@ -217,7 +223,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     """
     record = read_record(checkpoint)
     if record is None:
-        raise GateError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` first.")
+        raise SFTCheckpointError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` "
+                                 "with the same config (and run.dir) first.")
     check_family(record, policy_type, checkpoint)
     # the SFT policy directory (a VLA's published-layout checkpoint sits beside it)
     checkpoint = Path(record["_dir"]) / record.get("policy", "policy")

@@ -205,9 +205,10 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
 
 
 def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
-    """The RL stage's JobConfig: ``rl.config`` + ``rl.overrides`` + the SFT checkpoint
-    (``policy.checkpoint``; a VLA's published-layout ``sft/vla`` through ``policy.pretrained``),
-    the pipeline's env settings and ``run.dir = <run dir>/rl``."""
+    """The RL stage's JobConfig: ``rl.config`` + the SFT checkpoint (``policy.checkpoint``; a
+    VLA's published-layout ``sft/vla`` through ``policy.pretrained``), the pipeline's env
+    settings (controller, obs mode, reward: ``rl.reward_mode`` or the env's, time limits, task
+    or suite), ``run.dir = <run dir>/rl``, then ``rl.overrides``."""
     from rlinf_embodied.config import load_config
 
     e = cfg.env
@@ -215,8 +216,11 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     ckpt = (f"policy.pretrained={sft_dir / 'vla'}" if cfg.policy.type in VLA_TYPES
             else f"policy.checkpoint={sft_dir / 'policy'}")
     forced = [ckpt, f"run.dir={cfg.run_dir() / 'rl'}",
-              f"env.control_mode={e.control_mode}",
-              f"env.obs_mode={e.obs_mode}", f"env.reward_mode={e.reward_mode}"]
+              f"env.control_mode={e.control_mode}", f"env.obs_mode={e.obs_mode}",
+              f"env.reward_mode={cfg.rl.reward_mode or e.reward_mode}",
+              # the env's time limits, raised for a slow machine, hold for every stage
+              *(f"env.{k}={getattr(e, k)}" for k in ("startup_timeout_s", "reset_timeout_s",
+                                                     "step_timeout_s") if hasattr(e, k))]
     if getattr(e, "suite", None) is not None:
         forced += [f"env.suite={e.suite}", f"env.task_ids=[{','.join(map(str, e.suite_task_ids()))}]",
                    f"env.sensor_size={e.sensor_size}"]
@@ -225,6 +229,25 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     if e.max_episode_steps is not None:
         forced.append(f"env.max_episode_steps={e.max_episode_steps}")
     return load_config(cfg.rl.config, [*forced, *cfg.rl.overrides, *(extra or [])])
+
+
+def rl_configs_of(policy_type: str) -> list[str]:
+    """Names of the shipped job configs (``configs/*.yaml``) whose ``policy.type`` is
+    ``policy_type``, for error messages."""
+    import yaml
+
+    from rlinf_embodied.configs import ROOT
+
+    out = []
+    for p in sorted(Path(ROOT).glob("*.yaml")):
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        pol = data.get("policy") if isinstance(data, dict) else None
+        if isinstance(pol, dict) and pol.get("type") == policy_type and "finetune" in p.stem:
+            out.append(p.stem)
+    return out
 
 
 def check_same_policy(cfg: SFTJobConfig, job) -> None:
@@ -236,6 +259,12 @@ def check_same_policy(cfg: SFTJobConfig, job) -> None:
     """
     from rlinf_embodied.config import ConfigError
 
+    if cfg.policy.type != job.policy.type:  # another family: another RL config, not a field
+        raise ConfigError(
+            f"policy.type is {cfg.policy.type!r} in the SFT config but {job.policy.type!r} in the "
+            f"RL config {cfg.rl.config}: RL would start from an SFT checkpoint of another family; "
+            f"set rl.config to an RL config of {cfg.policy.type} ("
+            f"{', '.join(rl_configs_of(cfg.policy.type)) or 'none shipped'}).")
     fields = _VLA_BEHAVIOUR if cfg.policy.type in VLA_TYPES else ("type",)
     for name in fields:
         a, b = getattr(cfg.policy, name, None), getattr(job.policy, name, None)

@@ -33,8 +33,10 @@ def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
 def test_rl_stage_of_another_family_is_refused(tmp_path):
     cfg = load_sft_config("configs/sft/maniskill_lang3_sft_rl_pi0.yaml", [
         f"run.dir={tmp_path}", "rl.config=maniskill_lang3_grpo_pi05_finetune"])
-    with pytest.raises(ConfigError, match="of another family"):
+    with pytest.raises(ConfigError, match="of another family") as e:
         validate_rl_stage(cfg)
+    # the fix names the family's own RL configs
+    assert "set rl.config to an RL config of pi0 (maniskill_lang3_grpo_pi0_finetune" in str(e.value)
 
 
 @pytest.mark.parametrize("have,want", [("pi0", "openvla_oft"), ("openvla", "pi05"), ("pi05", "pi0")])
