@@ -166,6 +166,9 @@ _LIBERO = {
 }
 for _suite, _text in _LIBERO.items():
     register_env(f"libero/{_suite}", description=_text, type="libero", suite=_suite)
+# language-conditioned ManiSkill suites (envs/maniskill_suites.py; the VLA SFT -> RL miniature)
+register_env("maniskill/maniskill_lang3", type="maniskill", suite="maniskill_lang3",
+             description="PushCube, PullCube, StackCube with instructions (ManiSkill3 suite, 80 steps)")
 
 register_env("toy/PointReach-v0", type="gym", env_id="toy/PointReach-v0",
              description="2-D point reaching a target; continuous actions, state obs, learnable in ~20k steps")

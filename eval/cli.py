@@ -98,12 +98,12 @@ def eval_command(
     ctx: typer.Context,
     env: Optional[str] = typer.Option(
         None, "--env", help="libero, maniskill or gym (default for a training run's --policy: its env.type)."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="LIBERO suite, e.g. libero_spatial."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="A task suite: LIBERO (libero_spatial, ...) or ManiSkill (maniskill_lang3); `envs list` lists them."),
     task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1."),
     policy: Optional[str] = typer.Option(
         None, "--policy",
-        help="Run or checkpoint directory, published OpenVLA/OFT directory, 'random', or "
-             "module:function. A run directory means its latest checkpoint (see --checkpoint)."),
+        help="Run or checkpoint directory (an SFT stage's <run>/sft/policy too), a published "
+             "OpenVLA / OFT / pi0 / pi05 directory, 'random', or module:function. A run directory means its latest checkpoint (see --checkpoint)."),
     checkpoint: str = typer.Option(
         "latest", "--checkpoint",
         help="Which checkpoint of a run directory: latest (the newest complete one) or best "
@@ -116,9 +116,10 @@ def eval_command(
              "eval/latest.json, fixed-length episodes) so that the results pair trial by trial "
              "with its eval/iter_*.json (ManiSkill and gym runs; recorded as protocol overrides)."),
     protocol: Optional[str] = typer.Option(
-        None, "--protocol", help="Protocol name (default: openvla_v1 / maniskill_fair_v1 / "
-                                 "seeded_v1); see `eval protocols`."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="LIBERO task ids: 0,3 or 0-4 (default all)."),
+        None, "--protocol", help="Protocol name (default: the suite's, e.g. openvla_v1 "
+                                 "or maniskill_lang3_v1; maniskill_fair_v1 for a ManiSkill task; "
+                                 "seeded_v1 for gym); see `eval protocols`."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Task ids of the --suite: 0,3 or 0-4 (default all)."),
     trials_per_task: Optional[int] = typer.Option(
         None, "--trials-per-task", help="Trials 0..n-1 of each task (default: the protocol's)."),
     num_envs: int = typer.Option(
@@ -143,7 +144,7 @@ def eval_command(
              "it as RL rollouts do, seeded per trial and query from the protocol's global_seed); "
              "recorded."),
     policy_type: Optional[str] = typer.Option(
-        None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft)."),
+        None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft, pi0, pi05)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
     batch_invariant: bool = typer.Option(
         True, "--batch-invariant/--no-batch-invariant",
