@@ -258,6 +258,7 @@ def save_pi_checkpoint(model: torch.nn.Module, path: str | os.PathLike, layout: 
     if layout == "lerobot":
         sd = {"model." + k: v for k, v in sd.items()}
     save_file(sd, str(path / WEIGHTS), metadata={"format": "pt"})
+    os.chmod(path / WEIGHTS, 0o644)  # safetensors writes 0600; the other files are 0644
     (path / "config.json").write_text(json.dumps(config, indent=2))
     if layout == "openpi":
         stats_dir = path / "assets" / asset_id
@@ -274,6 +275,7 @@ def save_pi_checkpoint(model: torch.nn.Module, path: str | os.PathLike, layout: 
         state_file = f"{name.removesuffix('.json')}_step_{index}_{registry}.safetensors"
         save_file(flat if registry == "normalizer_processor" else
                   {k: v for k, v in flat.items() if k.startswith("action.")}, str(path / state_file))
+        os.chmod(path / state_file, 0o644)
         steps = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
                  {"registry_name": "to_batch_processor", "config": {}},
                  {"registry_name": "tokenizer_processor", "config": {

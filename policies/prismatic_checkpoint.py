@@ -234,6 +234,7 @@ def save_prismatic(
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{n:05d}.safetensors"
         save_file(shard, str(path / name), metadata={"format": "pt"})
+        os.chmod(path / name, 0o644)  # safetensors writes 0600; the other files are 0644
         files.append(path / name)
         for k, t in shard.items():
             weight_map[k] = name
