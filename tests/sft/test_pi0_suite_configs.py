@@ -46,3 +46,21 @@ def test_gate_refuses_an_sft_checkpoint_of_another_family_in_one_line(have, want
     msg = str(e.value)
     assert "\n" not in msg and repr(have) in msg and repr(want) in msg
     check_family({"policy_type": want}, want, "runs/x/sft/vla")  # the same family passes
+
+
+@pytest.mark.parametrize("name", ["oft", "openvla", "pi0", "pi05"])
+def test_rl_stage_reward_and_time_limits_survive_rl_overrides(name, tmp_path):
+    """``rl.reward_mode`` sets the RL run's reward (the demos and evaluations keep the
+    pipeline env's), ``rl.overrides`` add to it instead of dropping it, and the env's time
+    limits reach the RL stage."""
+    from rlinf_embodied.sft.pipeline import rl_job_config
+
+    cfg = load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{name}.yaml", [
+        f"run.dir={tmp_path}", "rl.overrides=[trainer.iterations=2]", "env.startup_timeout_s=1200"])
+    assert cfg.env.reward_mode == "sparse" and cfg.rl.reward_mode == "normalized_dense"
+    job = rl_job_config(cfg)
+    assert job.env.reward_mode == "normalized_dense" and job.trainer.iterations == 2
+    assert job.env.startup_timeout_s == 1200
+    # the MLP pipeline keeps its env's reward for RL (no rl.reward_mode)
+    mlp = load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", [f"run.dir={tmp_path}"])
+    assert mlp.rl.reward_mode is None and rl_job_config(mlp).env.reward_mode == mlp.env.reward_mode
