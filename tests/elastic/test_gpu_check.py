@@ -21,8 +21,9 @@ def test_gpu_check_reports_every_check_on_cpu():
     sys.path.insert(0, str(ROOT / "scripts"))
     from gpu_check import CHECKS
 
-    assert set(result["checks"]) == set(CHECKS) and len(CHECKS) == 6
+    assert set(result["checks"]) == set(CHECKS) and len(CHECKS) == 7
+    assert "vla_sft_rl_miniature" in CHECKS  # the miniature VLA pipeline on CUDA
     assert result["cuda"] is False
-    assert result["summary"] == {"ok": 0, "skipped": 6, "failed": 0}
+    assert result["summary"] == {"ok": 0, "skipped": 7, "failed": 0}
     for name, entry in result["checks"].items():
         assert entry["status"] == "skipped" and entry["reason"].startswith("no CUDA"), name
