@@ -42,6 +42,7 @@ gpu-check: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) scripts/lint_imports.py
+	.venv/bin/lint-imports --no-cache
 
 # the docs site (mkdocs.yml, docs/) into site/; --strict turns warnings (broken links) into errors
 docs: setup
