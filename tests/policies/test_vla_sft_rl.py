@@ -13,8 +13,9 @@ from rlinf_embodied.policies import build_policy
 from rlinf_embodied.policies.base import SpaceSpec
 from rlinf_embodied.policies.prismatic_tokenizer import openvla_prompt, tiny_tokenizer
 
-from rlinf_embodied.algorithms.update import logprob_mismatch, update_policy
+from rlinf_embodied.algorithms.update import logprob_mismatch
 from rlinf_embodied.config import load_config
+from tests.policies.grpo_step import one_group_update
 from rlinf_embodied.policies.configuration_openvla import (
     OpenVLAOFTPolicyConfig,
     OpenVLAPolicyConfig,
@@ -85,27 +86,13 @@ def test_one_update_follows_the_advantage_sign(family):
         "algorithm.group_size=8", "algorithm.filter_low=null", "algorithm.filter_high=null",
         "algorithm.target_kl=null", "trainer.update_epochs=1", "trainer.num_minibatches=1",
         "trainer.lr=1e-4"])
-    rewards = torch.tensor([1.0, 0.0] * (N // 2))[None]  # (T=1, N): one group of 8
-    batch = {"forward_inputs": {k: v[None] for k, v in out.forward_inputs.items()},
-             "actions": out.actions[None], "logprobs": out.logprobs[None], "rewards": rewards,
-             "terminations": torch.zeros(1, N, dtype=torch.bool),
-             "truncations": torch.ones(1, N, dtype=torch.bool),
-             "valid": torch.ones(1, N, dtype=torch.bool), "success": rewards.bool(),
-             "group_ids": torch.zeros(N, dtype=torch.long)}
-    # plain SGD: the step follows the clipped gradient (Adam's first step is a sign step of
-    # the same size for every weight, which at tiny scale swamps the signal); a small step for
-    # the Gaussian head, whose log-density is curved on the scale of its std (0.14)
-    opt = torch.optim.SGD(p.parameters(), lr=1e-4 if p.continuous_actions else 1e-3)
-    p.train()
-    metrics = update_policy(p, opt, batch, cfg, iteration=0)
+    # a small step for the Gaussian head, whose log-density is curved on the scale of its
+    # std (0.14)
+    up, down, metrics = one_group_update(p, out, cfg, lr=1e-4 if p.continuous_actions else 1e-3)
     assert metrics["train/rollout_logprob_diff_max"] < 1e-4
-    with torch.no_grad():
-        after = p.evaluate(out.forward_inputs).logprobs
-    per_sample = (after - out.logprobs).reshape(N, -1).sum(1)
-    up, down = per_sample[rewards[0] > 0], per_sample[rewards[0] == 0]
-    assert float(up.mean()) > 0 > float(down.mean()), per_sample
+    assert float(up.mean()) > 0 > float(down.mean()), (up, down)
     if not p.continuous_actions:
-        assert bool((up > 0).all()) and bool((down < 0).all()), per_sample
+        assert bool((up > 0).all()) and bool((down < 0).all()), (up, down)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
