@@ -232,20 +232,16 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
 
 
 def rl_configs_of(policy_type: str) -> list[str]:
-    """Names of the shipped job configs (``configs/*.yaml``) whose ``policy.type`` is
-    ``policy_type``, for error messages."""
-    import yaml
-
+    """Names of the shipped RL fine-tuning configs (``configs/*finetune*.yaml``) whose
+    ``policy.type`` is ``policy_type``, for error messages."""
+    from rlinf_embodied.config.loading import peek_top_level
     from rlinf_embodied.configs import ROOT
 
     out = []
-    for p in sorted(Path(ROOT).glob("*.yaml")):
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        pol = data.get("policy") if isinstance(data, dict) else None
-        if isinstance(pol, dict) and pol.get("type") == policy_type and "finetune" in p.stem:
+    for p in sorted(Path(ROOT).glob("*finetune*.yaml")):
+        raw = peek_top_level(p)
+        policy = raw.get("policy") if raw is not None else None
+        if policy is not None and policy.get("type") == policy_type:
             out.append(p.stem)
     return out
 

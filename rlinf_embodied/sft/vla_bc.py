@@ -16,6 +16,7 @@ start from a random critic and the action objective is not disturbed. ``bc.image
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -73,7 +74,7 @@ def train_vla_bc(policy, data: Any, cfg: BCConfig, log=print) -> dict[str, float
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     warmup = max(1, cfg.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
-        1.0 + torch.cos(torch.tensor(torch.pi * min(s, cfg.steps) / max(1, cfg.steps))).item()))
+        1.0 + math.cos(math.pi * min(s, cfg.steps) / max(1, cfg.steps))))
     M = len(data)
     policy.train()
     t0 = time.perf_counter()
