@@ -76,7 +76,11 @@ def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
     """Stage 1 for a suite: RGB demos of every selected task (reused, unless ``force``, when
     each task's converted file exists and came from at least ``demos.num_trajectories``
     successful plans)."""
-    from rlinf_embodied.sft.vla_demos import find_suite_demos, generate_suite_demos
+    from rlinf_embodied.sft.vla_demos import (
+        find_suite_demos,
+        generate_suite_demos,
+        suite_generation_record,
+    )
 
     e, d = cfg.env, cfg.demos
     root = Path(d.dir) / e.suite
@@ -91,8 +95,8 @@ def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
     demo = generate_suite_demos(e, d.dir, d.num_trajectories, seed=d.seed,
                                 max_attempts_factor=d.max_attempts_factor,
                                 processes=d.processes, stride=d.stride, log=log)
-    atomic_write_json(root / f"generation.{e.control_mode}.{e.sensor_size}px.stride{d.stride}.json",
-                      demo.to_dict())
+    atomic_write_json(suite_generation_record(d.dir, e.suite, e.control_mode, e.sensor_size,
+                                              d.stride), demo.to_dict())
     return root
 
 
@@ -378,8 +382,10 @@ def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
 
     e = cfg.env
     if getattr(e, "suite", None) is not None:
-        gen = read(Path(cfg.demos.dir) / e.suite /
-                   f"generation.{e.control_mode}.{e.sensor_size}px.stride{cfg.demos.stride}.json")
+        from rlinf_embodied.sft.vla_demos import suite_generation_record
+
+        gen = read(suite_generation_record(cfg.demos.dir, e.suite, e.control_mode,
+                                           e.sensor_size, cfg.demos.stride))
         if gen:
             out["demos"] = {"wall_s": gen["wall_s"], "env_steps": gen["env_steps"]}
     bc = read(run / "sft" / "bc_metrics.json")

@@ -72,6 +72,14 @@ def suite_demo_file(directory: str | Path, suite: str, env_id: str, control_mode
             f"trajectories.rgb.{control_mode}.{int(sensor_size)}px.stride{int(stride)}.h5")
 
 
+def suite_generation_record(directory: str | Path, suite: str, control_mode: str,
+                            sensor_size: int, stride: int = 1) -> Path:
+    """Path of the generation record (wall time, env steps, episodes per task) of a suite's
+    converted demos (it may not exist)."""
+    return (Path(directory) / suite /
+            f"generation.{control_mode}.{int(sensor_size)}px.stride{int(stride)}.json")
+
+
 def find_suite_demos(directory: str | Path, env_cfg: Any, stride: int = 1) -> dict:
     """env id -> converted demo file of every selected suite task that has one."""
     out = {}
