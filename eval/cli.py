@@ -242,8 +242,8 @@ def protocols_command() -> None:
         steps = ", ".join(f"{k} {v}" for k, v in p.max_steps.items()) or "env default"
         typer.echo(f"{p.id:<22} [{p.env}] {p.description}\n{'':<23}max steps: {steps}; settle "
                    f"{p.num_settle_steps}; {p.trials_per_task} trials/task; image "
-                   f"{p.image_size}{' rotated 180' if p.rotate_180 else ''}; seeds "
-                   f"{p.global_seed}/{p.env_seed}; requires {dict(p.requires)}")
+                   f"{p.image_size}{' rotated 180' if p.rotate_180 else ''}; global seed "
+                   f"{p.global_seed}; env seed {p.env_seed}; requires {dict(p.requires)}")
 
 
 if __name__ == "__main__":  # pragma: no cover
