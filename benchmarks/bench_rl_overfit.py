@@ -28,7 +28,9 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -67,69 +69,126 @@ def _rollout(policy, env, seed: int, steps: int, mode: str) -> dict:
     return batch
 
 
-def main() -> None:
+def _args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="maniskill_pushcube_grpo_mlp",
-                   help="an RL job config (a YAML path or a shipped config's name)")
-    p.add_argument("--set", nargs="*", default=[], help="key=value overrides")
-    p.add_argument("--reset-seed", type=int, default=7, help="the one reset seed every env uses")
-    p.add_argument("--num-envs", type=int, default=16)
-    p.add_argument("--iterations", type=int, default=8)
-    p.add_argument("--quick", action="store_true", help="4 iterations of 8 envs")
+                   help="an embodied RL job config: a YAML path or a shipped config's name "
+                        "(default maniskill_pushcube_grpo_mlp)")
+    p.add_argument("--set", nargs="*", default=[],
+                   help="key=value overrides of that config, e.g. policy.pretrained=RUN/sft/vla")
+    p.add_argument("--reset-seed", type=int, default=7,
+                   help="the one reset seed every env uses (default 7)")
+    p.add_argument("--num-envs", type=int, default=16,
+                   help="envs, all on that state: the GRPO group (default 16)")
+    p.add_argument("--iterations", type=int, default=8, help="updates (default 8)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run of the mechanics: at most 4 iterations of 8 envs (with the "
+                        "default config a state MLP from scratch, whose success stays near 0: "
+                        "the check's verdict needs a policy whose success on the state lies "
+                        "between 0 and 1, e.g. an SFT checkpoint)")
     p.add_argument("--save", default=None,
-                   help="write the trained policy here (save_policy layout), e.g. to evaluate "
-                        "it on held-out trials with `rlinf-embodied eval --policy DIR`")
+                   help="write the trained policy to this directory (save_policy layout), e.g. "
+                        "to evaluate it on held-out trials with `rlinf-embodied eval --policy DIR`")
     args = p.parse_args()
+    for flag in ("num_envs", "iterations"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
     if args.quick:
         args.iterations, args.num_envs = min(args.iterations, 4), min(args.num_envs, 8)
+    return args
 
+
+def main() -> int:
+    args = _args()
+    from rlinf_embodied.config import ConfigError
+
+    try:
+        out = run(args)
+    except (ConfigError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+def run(args) -> dict:
+    """The check; returns the JSON record.
+
+    Raises:
+        ConfigError: a bad config or override (not an embodied RL job config).
+        FileNotFoundError: ``policy.pretrained`` / ``policy.checkpoint`` names no checkpoint.
+        NotADirectoryError, PermissionError: ``--save`` cannot be written (checked first).
+    """
     from rlinf_embodied.algorithms.update import make_optimizer, update_policy
-    from rlinf_embodied.config import load_config
+    from rlinf_embodied.config import ConfigError, load_config
     from rlinf_embodied.envs import make_env
-    from rlinf_embodied.policies import build_policy
+    from rlinf_embodied.policies import build_policy, save_policy
     from rlinf_embodied.policies.base import SpaceSpec
 
-    cfg = load_config(args.config, args.set)
+    # one group on one state: dynamic sampling would drop it whenever all its envs fail
+    try:
+        cfg = load_config(args.config, ["algorithm.filter_low=null", "algorithm.filter_high=null",
+                                        *args.set])
+    except ConfigError as e:
+        raise ConfigError(f"{str(e).splitlines()[0]} (this check takes an embodied RL job config, "
+                          f"e.g. configs/maniskill_*.yaml; an SFT -> RL pipeline names its RL "
+                          f"config under rl.config)") from e
+    for key in ("pretrained", "checkpoint"):
+        path = getattr(cfg.policy, key, None)
+        if path and not Path(path).exists():
+            raise FileNotFoundError(f"policy.{key}={path} does not exist; train one first (e.g. "
+                                    f"`rlinf-embodied sft CONFIG` writes RUN/sft/vla) or fix the path")
+    if args.save:
+        Path(args.save).mkdir(parents=True, exist_ok=True)  # fails now, not after the run
     torch.manual_seed(cfg.run.seed)
     env = make_env(dataclasses.replace(cfg.env, num_envs=args.num_envs, ignore_terminations=True,
                                        video=False))
-    env.reset(seed=0)
-    obs = _reset_same(env, args.reset_seed)
-    task = str(obs["task_descriptions"][0]) if "task_descriptions" in obs else cfg.env.type
-    policy = build_policy(cfg.policy, SpaceSpec.from_env(env, obs))
-    optimizer, _ = make_optimizer(policy, cfg.trainer)
-    steps = -(-(env.max_episode_steps or cfg.trainer.rollout_steps * cfg.policy.action_chunk)
-              // max(1, cfg.policy.action_chunk))
-    greedy = lambda: float(_rollout(policy, env, args.reset_seed, steps, "greedy")["success"].any(0).float().mean())  # noqa: E731
-    t0 = time.perf_counter()
-    out = {"config": os.path.basename(str(args.config)), "overrides": args.set, "task": task, "reset_seed": args.reset_seed,
-           "num_envs": env.num_envs, "greedy_before": greedy(), "success": [], "return": [],
-           "approx_kl": [], "logprob_diff_max": [], "rollout_s": 0.0, "train_s": 0.0}
-    for it in range(args.iterations):
-        t = time.perf_counter()
-        batch = _rollout(policy, env, args.reset_seed, steps, "sample")
-        out["rollout_s"] += time.perf_counter() - t
-        ok = batch["valid"].float()
-        out["success"].append(float(batch["success"].any(0).float().mean()))
-        out["return"].append(float((batch["rewards"] * ok).sum(0).mean()))
-        t = time.perf_counter()
-        m = update_policy(policy, optimizer, batch, cfg, it)
-        out["train_s"] += time.perf_counter() - t
-        out["approx_kl"].append(m.get("train/approx_kl"))
-        out["logprob_diff_max"].append(m.get("train/rollout_logprob_diff_max"))
-        print(f"iteration {it + 1}: success {out['success'][-1]:.3f} return "
-              f"{out['return'][-1]:.2f} approx_kl {m.get('train/approx_kl', 0):.4f}", flush=True)
-    out["success_after"] = float(_rollout(policy, env, args.reset_seed, steps, "sample")["success"].any(0).float().mean())
-    out["greedy_after"] = greedy()
-    out["wall_s"] = time.perf_counter() - t0
-    if args.save:
-        from rlinf_embodied.policies import save_policy
+    try:
+        env.reset(seed=0)
+        obs = _reset_same(env, args.reset_seed)
+        task = str(obs["task_descriptions"][0]) if "task_descriptions" in obs else cfg.env.type
+        policy = build_policy(cfg.policy, SpaceSpec.from_env(env, obs))
+        optimizer, _ = make_optimizer(policy, cfg.trainer)
+        steps = -(-(env.max_episode_steps or cfg.trainer.rollout_steps * cfg.policy.action_chunk)
+                  // max(1, cfg.policy.action_chunk))
 
-        out["saved"] = str(save_policy(policy, args.save))
-    out["load_avg"] = os.getloadavg()[0]
-    env.close()
-    print(json.dumps(out))
+        def success(mode: str) -> float:
+            return float(_rollout(policy, env, args.reset_seed, steps, mode)["success"].any(0).float().mean())
+
+        t0 = time.perf_counter()
+        out = {"config": os.path.basename(str(args.config)), "overrides": args.set, "task": task,
+               "reset_seed": args.reset_seed, "num_envs": env.num_envs,
+               "greedy_before": success("greedy"), "success": [], "return": [],
+               "valid_fraction": [], "approx_kl": [], "logprob_diff_max": [],
+               "rollout_s": 0.0, "train_s": 0.0}
+        for it in range(args.iterations):
+            t = time.perf_counter()
+            batch = _rollout(policy, env, args.reset_seed, steps, "sample")
+            out["rollout_s"] += time.perf_counter() - t
+            ok = batch["valid"].float()
+            out["success"].append(float(batch["success"].any(0).float().mean()))
+            out["return"].append(float((batch["rewards"] * ok).sum(0).mean()))
+            t = time.perf_counter()
+            m = update_policy(policy, optimizer, batch, cfg, it)
+            out["train_s"] += time.perf_counter() - t
+            valid = m.get("train/valid_fraction", 1.0)
+            out["valid_fraction"].append(valid)
+            out["approx_kl"].append(m.get("train/approx_kl"))
+            # nothing to compare when no sample entered the loss
+            out["logprob_diff_max"].append(m.get("train/rollout_logprob_diff_max") if valid > 0 else None)
+            print(f"iteration {it + 1}: success {out['success'][-1]:.3f} return "
+                  f"{out['return'][-1]:.2f} approx_kl {m.get('train/approx_kl', 0):.4f} grad_norm "
+                  f"{m.get('train/grad_norm', 0):.3g}", flush=True)
+        out["success_after"] = success("sample")
+        out["greedy_after"] = success("greedy")
+        out["wall_s"] = time.perf_counter() - t0
+        if args.save:
+            out["saved"] = str(save_policy(policy, args.save))
+        out["load_avg"] = os.getloadavg()[0]
+    finally:
+        env.close()
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

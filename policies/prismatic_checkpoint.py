@@ -88,8 +88,8 @@ def _read_arch(path: Path) -> PrismaticArchConfig:
     cfg = path / CONFIG_NAME
     if not cfg.exists():
         raise FileNotFoundError(
-            f"No {CONFIG_NAME} in {path}; point policy.checkpoint at a directory in the published "
-            "OpenVLA layout (config.json + safetensors shards)."
+            f"No {CONFIG_NAME} in {path}; point policy.pretrained at a directory in the published "
+            "OpenVLA layout (config.json + safetensors shards), e.g. an SFT run's sft/vla."
         )
     return PrismaticArchConfig.from_dict(json.loads(cfg.read_text()), source=str(cfg))
 
