@@ -34,37 +34,14 @@ from pathlib import Path
 
 import torch
 
-
-def _reset_same(env, seed: int) -> dict:
-    """Reset every env with the one seed ``seed`` (a BatchedEnv seeds env i with seed + i)."""
-    for i in range(env.num_envs):
-        obs, _ = env.reset(seed=seed - i, env_ids=[i])
-    return obs
+from rlinf_embodied.runners.single_process import rollout_batch
 
 
 def _rollout(policy, env, seed: int, steps: int, mode: str) -> dict:
-    """One fixed-length episode per env from ``seed``; the trajectory dict update_policy takes."""
-    obs = _reset_same(env, seed)
-    rec = []
-    for _ in range(steps):
-        with torch.no_grad():
-            out = policy.act(obs, mode=mode)
-        obs, r, term, trunc, info = env.chunk_step(out.actions)
-        rec.append((out, r.sum(-1).float(), term.any(-1), trunc.any(-1),
-                    ~info["autoreset"].bool(), info["success_once"].bool()))
-    outs = [x[0] for x in rec]
-    batch = {
-        "actions": torch.stack([o.actions for o in outs]),
-        "logprobs": torch.stack([o.logprobs for o in outs]),
-        "forward_inputs": {k: torch.stack([o.forward_inputs[k] for o in outs])
-                           for k in outs[0].forward_inputs},
-        **{k: torch.stack([x[i] for x in rec]) for i, k in enumerate(
-            ("rewards", "terminations", "truncations", "valid", "success"), start=1)},
-    }
-    if outs[0].values is not None:
-        with torch.no_grad():
-            last = policy.predict_values(obs)
-        batch["values"] = torch.stack([o.values for o in outs] + [last])
+    """One fixed-length episode per env, every env reset with ``seed``; the trajectory dict
+    update_policy takes, all envs in one GRPO group."""
+    obs, _ = env.reset(seed=[seed] * env.num_envs)
+    batch, _, _ = rollout_batch(policy, env, obs, steps, mode)
     batch["group_ids"] = torch.zeros(env.num_envs, dtype=torch.long)
     return batch
 
@@ -144,8 +121,7 @@ def run(args) -> dict:
     env = make_env(dataclasses.replace(cfg.env, num_envs=args.num_envs, ignore_terminations=True,
                                        video=False))
     try:
-        env.reset(seed=0)
-        obs = _reset_same(env, args.reset_seed)
+        obs, _ = env.reset(seed=[args.reset_seed] * env.num_envs)
         task = str(obs["task_descriptions"][0]) if "task_descriptions" in obs else cfg.env.type
         policy = build_policy(cfg.policy, SpaceSpec.from_env(env, obs))
         optimizer, _ = make_optimizer(policy, cfg.trainer)

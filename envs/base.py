@@ -275,15 +275,17 @@ class BatchedEnv(abc.ABC):
     @abc.abstractmethod
     def reset(
         self,
-        seed: Optional[int] = None,
+        seed: Optional[int | Sequence[int]] = None,
         env_ids: Optional[Sequence[int]] = None,
         options: Optional[Dict[str, Any]] = None,
     ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """Reset all envs, or only ``env_ids``; the others are left untouched.
 
         Args:
-            seed: base seed; env i is seeded with ``seed + i`` (global index). None continues
-                each env's own random stream (the very first reset uses the config's seed).
+            seed: base seed; env i is seeded with ``seed + i`` (global index). Or one seed per
+                reset env (in ``env_ids`` order; e.g. GRPO groups of envs sharing a seed).
+                None continues each env's own random stream (the very first reset uses the
+                config's seed).
             env_ids: global indices to reset; None resets all N.
             options: adapter options. A value that is a sequence of ``len(env_ids)`` entries is
                 split per env (e.g. LIBERO ``{"init_state_ids": [3, 4]}``); anything else is
@@ -294,6 +296,7 @@ class BatchedEnv(abc.ABC):
 
         Raises:
             EnvError: the reset failed even after restarting the env's worker.
+            ValueError: a seed sequence whose length is not the number of reset envs.
         """
 
     @abc.abstractmethod

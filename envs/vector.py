@@ -132,7 +132,17 @@ class VectorBatchedEnv(BatchedEnv):
         seeds: List[Optional[int]] = [None] * ids.size
         if seed is not None:
             self._seeded = True
-            seeds = [int(seed) + int(i) for i in ids]
+            if isinstance(seed, (int, np.integer)):
+                seeds = [int(seed) + int(i) for i in ids]
+            else:  # one seed per env of env_ids, in that order
+                given = [int(s) for s in seed]
+                order = (ids if env_ids is None else _np(env_ids).astype(np.int64).reshape(-1)).tolist()
+                if len(given) != len(order) or len(set(order)) != len(order):
+                    raise ValueError(f"reset got {len(given)} seeds for {len(order)} env ids; pass "
+                                     f"one seed per (distinct) reset env, or one int (env i gets "
+                                     f"seed + i).")
+                by_env = dict(zip(order, given))
+                seeds = [by_env[int(i)] for i in ids]
         self._reset_ids(ids, seeds, split_options(options, ids.size))
         self._started = True
         return self._obs_dict(), self._info(np.zeros(self.num_envs, bool),

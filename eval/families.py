@@ -173,16 +173,9 @@ class _SeededFamily(EnvFamily):
 
     def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
         seeds = [self.protocol.env_seed + trial for _, trial in pairs]
-        n = env.num_envs
-        if ids == list(range(n)) and seeds == list(range(seeds[0], seeds[0] + n)):
-            # One call: the contract seeds env i with seed + i.
-            obs, _ = env.reset(seed=seeds[0])
-            return obs
-        if first:
+        if first and len(ids) != env.num_envs:  # the first reset must reset every env
             env.reset(seed=self.protocol.env_seed)
-        obs = None
-        for i, s in zip(ids, seeds):
-            obs, _ = env.reset(seed=s - i, env_ids=[i])
+        obs, _ = env.reset(seed=seeds, env_ids=ids)
         return obs
 
     def header(self) -> Dict[str, Any]:
@@ -265,14 +258,9 @@ class _ManiSkillFamily(_SeededFamily):
             return super().reset(env, ids, pairs, first)
         seeds = [self.protocol.env_seed + trial for _, trial in pairs]
         tasks = [t for t, _ in pairs]
-        if ids == list(range(env.num_envs)) and seeds == list(range(seeds[0], seeds[0] + len(ids))):
-            obs, _ = env.reset(seed=seeds[0], options={"task_ids": tasks})  # env i: seed + i
-            return obs
-        if first:
+        if first and len(ids) != env.num_envs:  # the first reset must reset every env
             env.reset(seed=self.protocol.env_seed, options={"task_ids": [tasks[0]] * env.num_envs})
-        obs = None
-        for i, s, t in zip(ids, seeds, tasks):
-            obs, _ = env.reset(seed=s - i, env_ids=[i], options={"task_ids": [t]})
+        obs, _ = env.reset(seed=seeds, env_ids=ids, options={"task_ids": tasks})
         return obs
 
     def header(self) -> Dict[str, Any]:

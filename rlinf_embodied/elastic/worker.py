@@ -41,10 +41,7 @@ def shard_reset(env, run_seed: int, iteration: int, first: int, group_size: int)
     base = run_seed * 1_000_000 + iteration * 1_000
     if group_size <= 1:
         return env.reset(seed=base + first)[0]
-    obs = None
-    for i in range(env.num_envs):
-        obs, _ = env.reset(seed=base + (first + i) // group_size - i, env_ids=[i])
-    return obs
+    return env.reset(seed=[base + (first + i) // group_size for i in range(env.num_envs)])[0]
 
 
 class ElasticRolloutWorker(PullsWeights, Worker):

@@ -185,9 +185,7 @@ class EnvWorker(Worker):
             if G == 1:
                 obs, _ = env.reset(seed=base + first)
             else:
-                for i in range(env.num_envs):
-                    gseed = base + (first + i) // G
-                    obs, _ = env.reset(seed=gseed - i, env_ids=[i])  # env i is seeded seed + i
+                obs, _ = env.reset(seed=[base + (first + i) // G for i in range(env.num_envs)])
             out.append(obs)
         return out
 

@@ -185,6 +185,21 @@ def test_seeding_and_partial_reset():
     env.close()
 
 
+def test_one_seed_per_env():
+    env = countdown()
+    by_int, _ = env.reset(seed=7)  # env i: 7 + i
+    by_list, _ = env.reset(seed=[7, 8, 9])
+    assert torch.equal(by_int["states"], by_list["states"])
+    shared, _ = env.reset(seed=[5, 5, 5])  # one initial state for all (a GRPO group)
+    assert len(set(shared["states"][:, 1].tolist())) == 1
+    # seeds follow env_ids' order, whatever that order is
+    obs, _ = env.reset(seed=[9, 7], env_ids=[2, 0])
+    assert torch.equal(obs["states"][[0, 2]], by_int["states"][[0, 2]])
+    with pytest.raises(ValueError, match="one seed per"):
+        env.reset(seed=[1, 2], env_ids=[0, 1, 2])
+    env.close()
+
+
 def test_dict_observations_images_and_discrete_actions():
     env = countdown(num_envs=2, kwargs={"with_image": True},
                     image_keys={"pixels": "main_images", "wrist": "wrist_images"},
