@@ -12,9 +12,15 @@ Rates are the best of several interleaved rounds (the machine's cores may be sha
   which other load on the machine does not distort; ``load_avg_1m_at_start`` says how busy the
   machine was (the wall-clock ratios need free cores: 2 for ``pool2_vs_pool1``);
 * ``libero_state_sps`` / ``libero_rgb_sps``: one LIBERO libero_spatial task-0 env in a 1-process
-  pool, without rendering and with two 256x256 cameras.
+  pool, without rendering and with two 256x256 cameras;
+* ``suite_rgb_step_sps`` / ``suite_rgb_chunk4_sps``: env steps/s of the ``maniskill_lang3``
+  suite (64 px camera, ``num_envs`` envs, 2-process pool) stepped one observed step at a time
+  and in action chunks of 4 whose inner steps skip rendering (``SubBatch.step_unobserved``);
+  ``suite_chunk4_vs_step`` is the speed-up of a chunked rollout (OFT's K = 4);
+  ``suite_render_ms`` / ``suite_physics_ms``: one raw suite env's camera capture and its
+  step without observation, per step.
 
-Usage: ``python benchmarks/bench_envs.py [--quick] [--skip-libero] [--skip-maniskill]``
+Usage: ``python benchmarks/bench_envs.py [--quick] [--skip-libero] [--skip-maniskill] [--skip-suite]``
 """
 
 from __future__ import annotations
@@ -111,11 +117,51 @@ def bench_libero(steps: int) -> dict:
     return out
 
 
+def bench_suite(num_envs: int, steps: int, rounds: int) -> dict:
+    """Chunked vs single-step rates of the language-conditioned suite, plus one raw env's
+    per-step breakdown (camera vs physics + reward)."""
+    from rlinf_embodied.envs.configuration_maniskill import ManiSkillEnvConfig
+    from rlinf_embodied.envs.maniskill import _make, step_without_obs
+    from rlinf_embodied.envs.registry import make_env
+
+    torch.set_num_threads(1)
+    cfg = ManiSkillEnvConfig(suite="maniskill_lang3", obs_mode="rgb", num_envs=num_envs,
+                             sensor_size=64, control_mode="pd_ee_delta_pose",
+                             max_episode_steps=10**6)
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-0.3, 0.3, (steps, num_envs, 7)).astype(np.float32)
+    env = make_env(cfg, num_processes=2)
+    env.reset(seed=0)
+    chunks = torch.as_tensor(actions.reshape(steps // 4, 4, num_envs, 7).transpose(0, 2, 1, 3))
+    out = {}
+    for _ in range(rounds):
+        wall = _rate(env.step, actions, 4, env.worker_pids())[0]
+        out["suite_rgb_step_sps"] = max(out.get("suite_rgb_step_sps", 0.0), wall)
+        wall = _rate(env.chunk_step, chunks, 1, env.worker_pids())[0] * 4
+        out["suite_rgb_chunk4_sps"] = max(out.get("suite_rgb_chunk4_sps", 0.0), wall)
+    env.close()
+    out["suite_chunk4_vs_step"] = out["suite_rgb_chunk4_sps"] / out["suite_rgb_step_sps"]
+    raw = _make(cfg, 1, "physx_cpu", "cpu", env_id="PushCube-v1")
+    raw.reset(seed=0)
+    info, n = raw.get_info(), 50
+    t0 = time.perf_counter()
+    for _ in range(n):
+        raw.get_obs(info)
+    out["suite_render_ms"] = (time.perf_counter() - t0) / n * 1e3
+    t0 = time.perf_counter()
+    for t in range(n):
+        step_without_obs(raw, actions[t, :1])
+    out["suite_physics_ms"] = (time.perf_counter() - t0) / n * 1e3
+    raw.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
     parser.add_argument("--skip-libero", action="store_true")
     parser.add_argument("--skip-maniskill", action="store_true")
+    parser.add_argument("--skip-suite", action="store_true")
     parser.add_argument("--num-envs", type=int, default=8)
     args = parser.parse_args()
     result = {"num_envs": args.num_envs, "load_avg_1m_at_start": os.getloadavg()[0],
@@ -125,6 +171,8 @@ def main() -> None:
                                       2 if args.quick else 3))
     if not args.skip_libero:
         result.update(bench_libero(60 if args.quick else 300))
+    if not args.skip_suite:
+        result.update(bench_suite(args.num_envs, 80 if args.quick else 240, 2 if args.quick else 3))
     for key, value in result.items():
         print(f"{key:>18}: {value:.3f}" if isinstance(value, float) else f"{key:>18}: {value}")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))

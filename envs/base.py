@@ -222,6 +222,31 @@ class SubBatch(abc.ABC):
             A Transition over the M' envs, in ``local_ids`` order.
         """
 
+    def step_unobserved(self, local_ids: np.ndarray, actions: Any) -> Transition:
+        """Step envs ``local_ids`` (M',) with ``actions`` (M', A) once; observations optional.
+
+        The BatchedEnv calls this for every step of an action chunk but the last: only the
+        observation after the chunk reaches the policy. An adapter whose observations are
+        costly (rendering) returns a Transition with ``obs == {}`` and must then implement
+        :meth:`observe`, which the BatchedEnv calls for envs whose episode ended on such a step.
+        The default steps normally (observations included).
+
+        Returns:
+            A Transition over the M' envs, in ``local_ids`` order; ``obs`` may be ``{}``.
+        """
+        return self.step(local_ids, actions)
+
+    def observe(self, local_ids: np.ndarray) -> Transition:
+        """The current observations of envs ``local_ids`` (M',) without stepping them; reward
+        0 and no flags. Needed only by adapters whose :meth:`step_unobserved` skips observations.
+
+        Raises:
+            NotImplementedError: the adapter always observes in :meth:`step_unobserved`.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}.step_unobserved returned no observations but the adapter has "
+            f"no observe(); implement both or neither.")
+
     def call(self, name: str, local_ids: np.ndarray, *args: Any) -> List[Any]:
         """Run adapter method ``name(local_ids, *args)`` (one result per env); for tests/eval.
 

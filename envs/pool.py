@@ -150,8 +150,12 @@ class InProcessBackend:
     def reset(self, ids: np.ndarray, seeds: List[Optional[int]], options: List[Dict[str, Any]]) -> StepResult:
         return StepResult(ids, self._sub.reset(ids, seeds, options))
 
-    def step(self, ids: np.ndarray, actions: Any) -> StepResult:
-        return StepResult(ids, self._sub.step(ids, actions))
+    def step(self, ids: np.ndarray, actions: Any, observe: bool = True) -> StepResult:
+        sub = self._sub
+        return StepResult(ids, sub.step(ids, actions) if observe else sub.step_unobserved(ids, actions))
+
+    def observe(self, ids: np.ndarray) -> StepResult:
+        return StepResult(ids, self._sub.observe(ids))
 
     def call(self, name: str, ids: np.ndarray, *args: Any) -> List[Any]:
         return self._sub.call(name, ids, *args)
@@ -187,6 +191,8 @@ def _worker_main(conn, factory: Factory, env_ids: List[int], device: Optional[Wo
         return
     handlers = {
         "step": sub.step,
+        "step_unobserved": sub.step_unobserved,
+        "observe": sub.observe,
         "reset": sub.reset,
         "call": lambda local_ids, name, args: sub.call(name, local_ids, *args),
     }
@@ -445,10 +451,16 @@ class ProcessPool:
             errors=errors,
         )
 
-    def step(self, ids: np.ndarray, actions: np.ndarray) -> StepResult:
-        """Step envs ``ids`` (M,) with ``actions`` (M, A); answers within ``step_timeout_s``."""
-        answers = self._exchange("step", ids, [np.asarray(actions)], self.step_timeout_s)
-        return self._collect(ids, answers)
+    def step(self, ids: np.ndarray, actions: np.ndarray, observe: bool = True) -> StepResult:
+        """Step envs ``ids`` (M,) with ``actions`` (M, A); answers within ``step_timeout_s``.
+        ``observe=False``: the SubBatch's ``step_unobserved`` (observations may be left out)."""
+        cmd = "step" if observe else "step_unobserved"
+        return self._collect(ids, self._exchange(cmd, ids, [np.asarray(actions)], self.step_timeout_s))
+
+    def observe(self, ids: np.ndarray) -> StepResult:
+        """Current observations of envs ``ids`` (M,) (SubBatch ``observe``), within
+        ``step_timeout_s``; a failed worker is restarted and its ids are in ``failed_ids``."""
+        return self._collect(ids, self._exchange("observe", ids, [], self.step_timeout_s))
 
     def reset(self, ids: np.ndarray, seeds: List[Optional[int]], options: List[Dict[str, Any]]) -> StepResult:
         """Reset envs ``ids``; a failed worker is restarted and its resets retried once.

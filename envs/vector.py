@@ -290,16 +290,20 @@ class VectorBatchedEnv(BatchedEnv):
         self._pending_error[:] = False
         substeps = np.zeros(n, np.int64)
         lost = np.zeros(n, bool)
+        stale = np.zeros(n, bool)  # the last executed step returned no observation
         active = ~autoreset & ~env_error
         for k in range(k_max):
             ids = np.flatnonzero(active)
             if ids.size == 0:
                 break
-            res = self._backend.step(ids, acts[ids, k])
+            # only the observation after the chunk reaches the policy: the steps before it may
+            # skip rendering (SubBatch.step_unobserved)
+            res = self._backend.step(ids, acts[ids, k], observe=k == k_max - 1)
             ok = res.ids
             if ok.size:
                 tr = res.transition
                 self._apply(res)
+                stale[ok] = not tr.obs
                 self._elapsed[ok] += 1
                 te = _np(tr.terminated).astype(bool)
                 tu = _np(tr.truncated).astype(bool)
@@ -319,9 +323,17 @@ class VectorBatchedEnv(BatchedEnv):
             failed = res.failed_ids
             trunc[failed, k] = True
             env_error[failed] = True
+            stale[failed] = False
             substeps[np.concatenate([ok, failed])] += 1
             lost[res.lost_ids] = True
             active &= ~(term[:, k] | trunc[:, k])
+        if stale.any():  # episodes that ended inside the chunk: observe where they ended
+            res = self._backend.observe(np.flatnonzero(stale))
+            self._apply(res)
+            failed = res.failed_ids
+            trunc[failed, substeps[failed] - 1] = True
+            env_error[failed] = True
+            lost[res.lost_ids] = True
         done = term.any(1) | trunc.any(1)
         self._needs_reset |= done | env_error
         self._mark_lost(np.flatnonzero(lost & ~done))

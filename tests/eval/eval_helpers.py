@@ -72,7 +72,7 @@ class TeleportManiSkill(ManiSkillSubBatch):
             self._t[int(i)] = 0
         return super().reset(local_ids, seeds, options)
 
-    def step(self, local_ids, actions):
+    def _step(self, local_ids, actions, observe):  # every step, observed or not
         for i in local_ids:
             i = int(i)
             self._t[i] += 1
@@ -81,7 +81,7 @@ class TeleportManiSkill(ManiSkillSubBatch):
                 p = e.obj.pose.p.clone()
                 p[..., :2] = e.goal_region.pose.p[..., :2]
                 e.obj.set_pose(type(e.obj.pose).create_from_pq(p=p, q=e.obj.pose.q))
-        return super().step(local_ids, actions)
+        return super()._step(local_ids, actions, observe)
 
 
 class RecordingLibero(LiberoSubBatch):
