@@ -313,8 +313,8 @@ class BatchedEnv(abc.ABC):
                 config's seed).
             env_ids: global indices to reset; None resets all N.
             options: adapter options. A value that is a sequence of ``len(env_ids)`` entries is
-                split per env (e.g. LIBERO ``{"init_state_ids": [3, 4]}``); anything else is
-                given to every reset env.
+                split per env in ``env_ids`` order (e.g. LIBERO ``{"init_state_ids": [3, 4]}``);
+                anything else is given to every reset env.
 
         Returns:
             ``(obs, info)`` for all N envs (rows of envs not reset are unchanged).

@@ -129,6 +129,8 @@ class VectorBatchedEnv(BatchedEnv):
             raise EnvError("The first reset must reset every env; call reset() without env_ids.")
         if seed is None and not self._seeded:
             seed = self._seed
+        # per-env seeds and options come in env_ids order; envs are reset in sorted id order
+        order = (ids if env_ids is None else _np(env_ids).astype(np.int64).reshape(-1)).tolist()
         seeds: List[Optional[int]] = [None] * ids.size
         if seed is not None:
             self._seeded = True
@@ -136,14 +138,14 @@ class VectorBatchedEnv(BatchedEnv):
                 seeds = [int(seed) + int(i) for i in ids]
             else:  # one seed per env of env_ids, in that order
                 given = [int(s) for s in seed]
-                order = (ids if env_ids is None else _np(env_ids).astype(np.int64).reshape(-1)).tolist()
                 if len(given) != len(order) or len(set(order)) != len(order):
                     raise ValueError(f"reset got {len(given)} seeds for {len(order)} env ids; pass "
                                      f"one seed per (distinct) reset env, or one int (env i gets "
                                      f"seed + i).")
                 by_env = dict(zip(order, given))
                 seeds = [by_env[int(i)] for i in ids]
-        self._reset_ids(ids, seeds, split_options(options, ids.size))
+        opts = dict(zip(order, split_options(options, len(order))))
+        self._reset_ids(ids, seeds, [opts[int(i)] for i in ids])
         self._started = True
         return self._obs_dict(), self._info(np.zeros(self.num_envs, bool),
                                             np.zeros(self.num_envs, bool),

@@ -197,6 +197,9 @@ def test_one_seed_per_env():
     assert torch.equal(obs["states"][[0, 2]], by_int["states"][[0, 2]])
     with pytest.raises(ValueError, match="one seed per"):
         env.reset(seed=[1, 2], env_ids=[0, 1, 2])
+    # per-env options follow env_ids' order too
+    obs, _ = env.reset(env_ids=[2, 0], options={"start": [20, 0]})
+    assert obs["states"][:, 1].tolist() == [0.0, shared["states"][1, 1].item(), 20.0]
     env.close()
 
 
