@@ -52,9 +52,11 @@ goal radius or a speed), so results that differ in them are refused like another
 RUN_ONLY_ENV_SETTINGS = frozenset({
     "num_envs", "num_processes", "step_timeout_s", "reset_timeout_s", "startup_timeout_s",
     "start_method", "threads_per_process", "video", "video_dir", "render_images", "vectorization",
-    "autoreset_mode", "task_ids"})
+    "autoreset_mode", "task_ids", "reward_mode"})
 """``env_config`` fields that change how an evaluation runs, not what any episode does
-(``task_ids``: the LIBERO tasks its envs are first built for; every episode resets to its own)."""
+(``task_ids``: the LIBERO tasks its envs are first built for; every episode resets to its own;
+``reward_mode``: success, episode ends and steps do not depend on the reward, and results
+record no return, so an SFT evaluation compares with an RL run's whatever reward it trained on)."""
 
 
 def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> Tuple[List[str], List[str]]:

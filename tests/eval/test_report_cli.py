@@ -142,6 +142,10 @@ def test_compare_refuses_other_env_kwargs_and_warns_about_other_observations(tmp
     # how the evaluation ran (num_envs, video) is no difference
     same = _results(tmp_path / "s.json", env_config={**env, "num_envs": 1, "video": True})
     assert compare(a, same).warnings == []
+    # nor is the reward an RL run trained on (success does not depend on it)
+    sparse = _results(tmp_path / "r.json", env_config={**env, "reward_mode": "sparse"})
+    assert compare(_results(tmp_path / "d.json", env_config={**env, "reward_mode": "dense"}),
+                   sparse).warnings == []
     harder = _results(tmp_path / "k.json", env_config={**env, "kwargs": {"dim": 3}})
     with pytest.raises(CompareError, match=r"the task itself\): kwargs: \{'dim': 2\} vs \{'dim': 3\}.*--env-override"):
         compare(a, harder)
