@@ -1,4 +1,4 @@
-"""Single-state overfit check of an RL config: does the update raise success on ONE initial state?
+"""Overfit check of an RL config: does the update raise success on ONE initial state (or a few)?
 
 The classic sanity check of an RL stack before a long run: every env resets to the same seed
 (same task, same initial state) at every iteration, the policy is updated with the config's own
@@ -9,7 +9,10 @@ whenever the start is neither 0 nor 1; a flat or falling curve points at the upd
 alignment of samples and advantages, step size), not at the amount of data.
 
 In-process (no Ray, one env pool), so it isolates the math from the runtime. GRPO treats all
-``--num-envs`` envs as one group.
+``--num-envs`` envs as one group. ``--num-states S`` trains on S states at once (reset seeds
+``--reset-seed`` + 0..S-1, each a GRPO group of ``num_envs / S`` envs, every iteration): whether
+the update learns several states together (against interference between them), and, evaluated
+on held-out trials after ``--save``, whether what it learns transfers.
 
     python benchmarks/bench_rl_overfit.py --config configs/maniskill_lang3_grpo_openvla_oft_finetune.yaml \
         --set policy.pretrained=runs/x/sft/vla env.reward_mode=sparse --reset-seed 7 --iterations 8
@@ -17,9 +20,10 @@ In-process (no Ray, one env pool), so it isolates the math from the runtime. GRP
 ``--quick`` runs the state-MLP GRPO config on PushCube from scratch (dense reward, 4 iterations),
 the check that needs no SFT checkpoint.
 
-Prints one JSON line last: ``success`` per iteration (sampled rollouts, before each update),
-``greedy_before`` / ``greedy_after`` (one greedy episode per env), ``approx_kl`` and
-``logprob_diff_max`` per update, the task, time per stage, load average.
+Prints one JSON line last: ``success`` per iteration (sampled rollouts, before each update,
+over all states), ``greedy_before`` / ``greedy_after`` (one greedy episode per env),
+``success_per_state`` (sampled: before the first and after the last update), ``approx_kl`` and
+``logprob_diff_max`` per update, the task(s), time per stage, load average.
 """
 
 from __future__ import annotations
@@ -37,13 +41,19 @@ import torch
 from rlinf_embodied.runners.single_process import rollout_batch
 
 
-def _rollout(policy, env, seed: int, steps: int, mode: str) -> dict:
-    """One fixed-length episode per env, every env reset with ``seed``; the trajectory dict
-    update_policy takes, all envs in one GRPO group."""
-    obs, _ = env.reset(seed=[seed] * env.num_envs)
+def _rollout(policy, env, seeds: list, steps: int, mode: str) -> dict:
+    """One fixed-length episode per env, env i reset with ``seeds[i]``; the trajectory dict
+    update_policy takes, the envs of one seed forming one GRPO group."""
+    obs, _ = env.reset(seed=seeds)
     batch, _, _ = rollout_batch(policy, env, obs, steps, mode)
-    batch["group_ids"] = torch.zeros(env.num_envs, dtype=torch.long)
+    batch["group_ids"] = torch.as_tensor([sorted(set(seeds)).index(s) for s in seeds])
     return batch
+
+
+def _per_state(batch: dict, seeds: list) -> list:
+    """Success of the episodes of each distinct seed, in seed order."""
+    ok = batch["success"].any(0).float()
+    return [float(ok[[i for i, x in enumerate(seeds) if x == s]].mean()) for s in sorted(set(seeds))]
 
 
 def _args():
@@ -54,9 +64,13 @@ def _args():
     p.add_argument("--set", nargs="*", default=[],
                    help="key=value overrides of that config, e.g. policy.pretrained=RUN/sft/vla")
     p.add_argument("--reset-seed", type=int, default=7,
-                   help="the one reset seed every env uses (default 7)")
+                   help="the one reset seed every env uses (default 7); the first of several "
+                        "with --num-states")
+    p.add_argument("--num-states", type=int, default=1,
+                   help="initial states trained together, seeds --reset-seed + 0..S-1, each a "
+                        "GRPO group of num_envs / S envs (default 1)")
     p.add_argument("--num-envs", type=int, default=16,
-                   help="envs, all on that state: the GRPO group (default 16)")
+                   help="envs: the GRPO group of the state, or all groups (default 16)")
     p.add_argument("--iterations", type=int, default=8, help="updates (default 8)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run of the mechanics: at most 4 iterations of 8 envs (with the "
@@ -67,11 +81,14 @@ def _args():
                    help="write the trained policy to this directory (save_policy layout), e.g. "
                         "to evaluate it on held-out trials with `rlinf-embodied eval --policy DIR`")
     args = p.parse_args()
-    for flag in ("num_envs", "iterations"):
+    for flag in ("num_envs", "iterations", "num_states"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
     if args.quick:
         args.iterations, args.num_envs = min(args.iterations, 4), min(args.num_envs, 8)
+    if args.num_envs % args.num_states or args.num_envs // args.num_states < 2:
+        p.error(f"--num-envs {args.num_envs} must be a multiple of --num-states "
+                f"{args.num_states} with at least 2 envs per state (a GRPO group)")
     return args
 
 
@@ -121,27 +138,33 @@ def run(args) -> dict:
     env = make_env(dataclasses.replace(cfg.env, num_envs=args.num_envs, ignore_terminations=True,
                                        video=False))
     try:
-        obs, _ = env.reset(seed=[args.reset_seed] * env.num_envs)
-        task = str(obs["task_descriptions"][0]) if "task_descriptions" in obs else cfg.env.type
+        group = env.num_envs // args.num_states
+        seeds = [args.reset_seed + i // group for i in range(env.num_envs)]
+        obs, _ = env.reset(seed=seeds)
+        tasks = ([str(obs["task_descriptions"][i]) for i in range(0, env.num_envs, group)]
+                 if "task_descriptions" in obs else [cfg.env.type] * args.num_states)
         policy = build_policy(cfg.policy, SpaceSpec.from_env(env, obs))
         optimizer, _ = make_optimizer(policy, cfg.trainer)
         steps = -(-(env.max_episode_steps or cfg.trainer.rollout_steps * cfg.policy.action_chunk)
                   // max(1, cfg.policy.action_chunk))
 
         def success(mode: str) -> float:
-            return float(_rollout(policy, env, args.reset_seed, steps, mode)["success"].any(0).float().mean())
+            return float(_rollout(policy, env, seeds, steps, mode)["success"].any(0).float().mean())
 
         t0 = time.perf_counter()
-        out = {"config": os.path.basename(str(args.config)), "overrides": args.set, "task": task,
-               "reset_seed": args.reset_seed, "num_envs": env.num_envs,
-               "greedy_before": success("greedy"), "success": [], "return": [],
-               "valid_fraction": [], "approx_kl": [], "logprob_diff_max": [],
+        out = {"config": os.path.basename(str(args.config)), "overrides": args.set,
+               "task": tasks[0] if args.num_states == 1 else tasks,
+               "reset_seed": args.reset_seed, "num_states": args.num_states,
+               "num_envs": env.num_envs, "greedy_before": success("greedy"), "success": [],
+               "return": [], "valid_fraction": [], "approx_kl": [], "logprob_diff_max": [],
                "rollout_s": 0.0, "train_s": 0.0}
         for it in range(args.iterations):
             t = time.perf_counter()
-            batch = _rollout(policy, env, args.reset_seed, steps, "sample")
+            batch = _rollout(policy, env, seeds, steps, "sample")
             out["rollout_s"] += time.perf_counter() - t
             ok = batch["valid"].float()
+            if it == 0:
+                out["success_per_state"] = {"before": _per_state(batch, seeds)}
             out["success"].append(float(batch["success"].any(0).float().mean()))
             out["return"].append(float((batch["rewards"] * ok).sum(0).mean()))
             t = time.perf_counter()
@@ -155,7 +178,9 @@ def run(args) -> dict:
             print(f"iteration {it + 1}: success {out['success'][-1]:.3f} return "
                   f"{out['return'][-1]:.2f} approx_kl {m.get('train/approx_kl', 0):.4f} grad_norm "
                   f"{m.get('train/grad_norm', 0):.3g}", flush=True)
-        out["success_after"] = success("sample")
+        last = _rollout(policy, env, seeds, steps, "sample")
+        out["success_after"] = float(last["success"].any(0).float().mean())
+        out["success_per_state"]["after"] = _per_state(last, seeds)
         out["greedy_after"] = success("greedy")
         out["wall_s"] = time.perf_counter() - t0
         if args.save:

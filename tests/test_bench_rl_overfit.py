@@ -21,11 +21,15 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 def test_overfit_check_runs_the_update_on_one_state(tmp_path):
     pytest.importorskip("mani_skill")
-    r = _run("--quick", "--num-envs", "4", "--iterations", "2", "--save", str(tmp_path / "pol"),
-             "--set", "env.num_processes=0")
+    r = _run("--quick", "--num-envs", "4", "--num-states", "2", "--iterations", "2",
+             "--save", str(tmp_path / "pol"), "--set", "env.num_processes=0")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["num_envs"] == 4 and out["task"] == "push the cube to the goal region"
+    assert out["num_envs"] == 4 and out["task"] == ["push the cube to the goal region"] * 2
+    assert out["num_states"] == 2
+    for when in ("before", "after"):  # two groups of 2: success in {0, 0.5, 1} each
+        assert len(out["success_per_state"][when]) == 2
+        assert all(v in (0.0, 0.5, 1.0) for v in out["success_per_state"][when])
     assert len(out["success"]) == len(out["return"]) == len(out["valid_fraction"]) == 2
     # dynamic sampling is off, so the one group enters every update (dense reward: a gradient)
     assert out["valid_fraction"] == [1.0, 1.0]
@@ -38,6 +42,7 @@ def test_overfit_check_runs_the_update_on_one_state(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--iterations", "0"], "--iterations must be >= 1"),
     (["--num-envs", "0"], "--num-envs must be >= 1"),
+    (["--num-states", "3"], "must be a multiple of --num-states 3"),
     (["--set", "env.num_envz=3"], "Did you mean 'env.num_envs'?"),
     (["--config", "reasoning_grpo_tiny"], "takes an embodied RL job config"),
 ])

@@ -48,6 +48,27 @@ def per_task_rates(prefix: str, stats: list) -> dict:
     return {f"{prefix}/{task.replace(' ', '_')}": k / n for task, (n, k) in sorted(total.items()) if n}
 
 
+def eval_record(stats: list, iteration: int, env_steps: int, batch_invariant: bool) -> tuple:
+    """``(metrics, record)`` of one in-training evaluation from the env ranks' ``stats``
+    (``episodes``, ``success_once`` / ``success_at_end`` counts, ``episode_return`` sum,
+    ``per_task``, ``videos``, ``trials``). ``metrics`` has ``eval/<name>`` rates (and
+    ``eval/success_once/<task>``); ``record``, written to ``eval/iter_*.json``, has the
+    rates over all tasks (the best checkpoint is chosen by its ``success_once``) and
+    ``success_once_per_task``."""
+    n = sum(r["episodes"] for r in stats)
+    overall = {k: sum(r[k] for r in stats) / n for k in ("success_once", "success_at_end", "episode_return")}
+    per_task = per_task_rates("eval/success_once", stats)
+    metrics = {**{f"eval/{k}": v for k, v in overall.items()}, **per_task}
+    record = {"iteration": iteration, "env_steps": env_steps, "episodes": n, **overall,
+              "success_once_per_task": {k.split("/", 2)[2]: v for k, v in per_task.items()},
+              "videos": [v for r in stats for v in r["videos"]],
+              # per trial, to pair with `rlinf-embodied eval --policy <this run's checkpoint
+              # of this iteration> --run-trials` (equal trial by trial when batch-invariant)
+              "batch_invariant": batch_invariant,
+              "trials": sorted((t for r in stats for t in r["trials"]), key=lambda t: t["trial"])}
+    return metrics, record
+
+
 class EmbodiedRunner:
     """Runs one training job in ``run_dir``.
 
@@ -272,16 +293,7 @@ class EmbodiedRunner:
         res = g.env.evaluate(iteration, e.num_episodes, videos)
         srv = g.rollout.serve()
         out, _ = wait_all(res, srv)
-        n = sum(r["episodes"] for r in out)
-        metrics = {f"eval/{k}": sum(r[k] for r in out) / n for k in ("success_once", "success_at_end", "episode_return")}
-        metrics.update(per_task_rates("eval/success_once", out))
-        record = {"iteration": iteration, "env_steps": self.state["env_steps"], "episodes": n,
-                  **{k.split("/")[1]: v for k, v in metrics.items()},
-                  "videos": [v for r in out for v in r["videos"]],
-                  # per trial, to pair with `rlinf-embodied eval --policy <this run's checkpoint
-                  # of this iteration> --run-trials` (equal trial by trial when batch-invariant)
-                  "batch_invariant": e.batch_invariant,
-                  "trials": sorted((t for r in out for t in r["trials"]), key=lambda t: t["trial"])}
+        metrics, record = eval_record(out, iteration, self.state["env_steps"], e.batch_invariant)
         atomic_write_json(self.run_dir / "eval" / f"iter_{iteration:06d}.json", record)
         atomic_write_json(self.run_dir / "eval" / "latest.json", record)
         if record["success_once"] >= self.state.get("best_success_once", -1.0):
