@@ -114,7 +114,7 @@ def run(args) -> dict:
         NotADirectoryError, PermissionError: ``--save`` cannot be written (checked first).
     """
     from rlinf_embodied.algorithms.update import make_optimizer, update_policy
-    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.config import ConfigError, load_config, save_config
     from rlinf_embodied.envs import make_env
     from rlinf_embodied.policies import build_policy, save_policy
     from rlinf_embodied.policies.base import SpaceSpec
@@ -185,6 +185,8 @@ def run(args) -> dict:
         out["wall_s"] = time.perf_counter() - t0
         if args.save:
             out["saved"] = str(save_policy(policy, args.save))
+            # the job config beside it: `rlinf-embodied eval --policy DIR` takes its env from it
+            save_config(cfg, args.save)
         out["load_avg"] = os.getloadavg()[0]
     finally:
         env.close()

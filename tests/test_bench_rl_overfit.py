@@ -37,6 +37,12 @@ def test_overfit_check_runs_the_update_on_one_state(tmp_path):
     assert all(d is not None and d < 1e-5 for d in out["logprob_diff_max"])
     assert 0.0 <= out["greedy_after"] <= 1.0
     assert (tmp_path / "pol" / "model.safetensors").is_file()
+    # the job config travels with it, so `eval --policy DIR` finds the env it was trained on
+    from rlinf_embodied.eval.request import run_env_config
+
+    env, path = run_env_config(str(tmp_path / "pol"))
+    assert path == tmp_path / "pol" / "config.yaml"
+    assert env["type"] == "maniskill" and env["env_id"] == "PushCube-v1" and env["num_processes"] == 0
 
 
 @pytest.mark.parametrize("args, expected", [
