@@ -1,4 +1,4 @@
-"""Env throughput: pool overhead on ManiSkill PushCube-v1 (state) and LIBERO step rates.
+"""Env throughput: pool overhead on ManiSkill PushCube-v1 (state), LIBERO step rates, suite chunks.
 
 Measurements, not tests. Prints human-readable lines, then one JSON line last:
 
@@ -159,11 +159,15 @@ def bench_suite(num_envs: int, steps: int, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
-    parser.add_argument("--skip-libero", action="store_true")
-    parser.add_argument("--skip-maniskill", action="store_true")
-    parser.add_argument("--skip-suite", action="store_true")
+    parser.add_argument("--skip-libero", action="store_true", help="no LIBERO step rates")
+    parser.add_argument("--skip-maniskill", action="store_true",
+                        help="no PushCube pool-overhead rates")
+    parser.add_argument("--skip-suite", action="store_true",
+                        help="no maniskill_lang3 chunked vs single-step rates")
     parser.add_argument("--num-envs", type=int, default=8)
     args = parser.parse_args()
+    if args.num_envs < 1:
+        parser.error(f"--num-envs must be >= 1 (got {args.num_envs})")
     result = {"num_envs": args.num_envs, "load_avg_1m_at_start": os.getloadavg()[0],
               "cpu_count": os.cpu_count()}
     if not args.skip_maniskill:
@@ -174,7 +178,7 @@ def main() -> None:
     if not args.skip_suite:
         result.update(bench_suite(args.num_envs, 80 if args.quick else 240, 2 if args.quick else 3))
     for key, value in result.items():
-        print(f"{key:>18}: {value:.3f}" if isinstance(value, float) else f"{key:>18}: {value}")
+        print(f"{key:>21}: {value:.3f}" if isinstance(value, float) else f"{key:>21}: {value}")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
 
 

@@ -84,10 +84,14 @@ def _args():
     for flag in ("num_envs", "iterations", "num_states"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
+    if args.reset_seed < 0:
+        p.error(f"--reset-seed must be >= 0 (got {args.reset_seed})")
+    capped = ""
     if args.quick:
+        capped = " (--quick caps --num-envs at 8)" if args.num_envs > 8 else ""
         args.iterations, args.num_envs = min(args.iterations, 4), min(args.num_envs, 8)
     if args.num_envs % args.num_states or args.num_envs // args.num_states < 2:
-        p.error(f"--num-envs {args.num_envs} must be a multiple of --num-states "
+        p.error(f"--num-envs {args.num_envs}{capped} must be a multiple of --num-states "
                 f"{args.num_states} with at least 2 envs per state (a GRPO group)")
     return args
 
@@ -119,20 +123,23 @@ def run(args) -> dict:
     from rlinf_embodied.policies import build_policy, save_policy
     from rlinf_embodied.policies.base import SpaceSpec
 
-    # one group on one state: dynamic sampling would drop it whenever all its envs fail
     try:
-        cfg = load_config(args.config, ["algorithm.filter_low=null", "algorithm.filter_high=null",
-                                        *args.set])
+        load_config(args.config)
     except ConfigError as e:
         raise ConfigError(f"{str(e).splitlines()[0]} (this check takes an embodied RL job config, "
                           f"e.g. configs/maniskill_*.yaml; an SFT -> RL pipeline names its RL "
                           f"config under rl.config)") from e
+    load_config(args.config, args.set)  # a bad --set is reported as given
+    # one group per state: dynamic sampling would drop it whenever all its envs fail
+    cfg = load_config(args.config, [*args.set, "algorithm.filter_low=null", "algorithm.filter_high=null"])
     for key in ("pretrained", "checkpoint"):
         path = getattr(cfg.policy, key, None)
         if path and not Path(path).exists():
             raise FileNotFoundError(f"policy.{key}={path} does not exist; train one first (e.g. "
                                     f"`rlinf-embodied sft CONFIG` writes RUN/sft/vla) or fix the path")
     if args.save:
+        if Path(args.save).exists() and not Path(args.save).is_dir():
+            raise NotADirectoryError(f"--save {args.save} is a file; name a directory")
         Path(args.save).mkdir(parents=True, exist_ok=True)  # fails now, not after the run
     torch.manual_seed(cfg.run.seed)
     env = make_env(dataclasses.replace(cfg.env, num_envs=args.num_envs, ignore_terminations=True,
@@ -183,11 +190,14 @@ def run(args) -> dict:
         out["success_per_state"]["after"] = _per_state(last, seeds)
         out["greedy_after"] = success("greedy")
         out["wall_s"] = time.perf_counter() - t0
+        out["load_avg"] = os.getloadavg()[0]
         if args.save:
             out["saved"] = str(save_policy(policy, args.save))
-            # the job config beside it: `rlinf-embodied eval --policy DIR` takes its env from it
-            save_config(cfg, args.save)
-        out["load_avg"] = os.getloadavg()[0]
+            # the job config beside it (`rlinf-embodied eval --policy DIR` takes its env from
+            # it), with the env count this check ran, and the check's record
+            save_config(dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=env.num_envs)),
+                        args.save)
+            (Path(args.save) / "overfit_check.json").write_text(json.dumps(out, indent=1))
     finally:
         env.close()
     return out

@@ -197,7 +197,20 @@ class SubBatch(abc.ABC):
         env_ids: global env indices hosted here, length M.
         device: the worker's CUDA device (:class:`~rlinf_embodied.envs.pool.WorkerDevice`) or
             None on CPU.
+
+    The :class:`~rlinf_embodied.envs.vector.VectorBatchedEnv` takes a factory
+    ``factory(env_ids, device)``, e.g. ``functools.partial(MySubBatch, cfg)``.
+
+    Raises:
+        TypeError: at class definition, a subclass that overrides :meth:`step_unobserved` but
+            not :meth:`observe` (an episode ending inside a chunk would have no observation).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.step_unobserved is not SubBatch.step_unobserved and cls.observe is SubBatch.observe:
+            raise TypeError(f"{cls.__name__} overrides step_unobserved but not observe(); "
+                            f"implement both (observe returns the current observations) or neither.")
 
     @property
     @abc.abstractmethod

@@ -43,12 +43,17 @@ def test_overfit_check_runs_the_update_on_one_state(tmp_path):
     env, path = run_env_config(str(tmp_path / "pol"))
     assert path == tmp_path / "pol" / "config.yaml"
     assert env["type"] == "maniskill" and env["env_id"] == "PushCube-v1" and env["num_processes"] == 0
+    assert env["num_envs"] == 4  # what the check ran, not the config's 16
+    record = json.loads((tmp_path / "pol" / "overfit_check.json").read_text())
+    assert record["success"] == out["success"] and record["num_states"] == 2
 
 
 @pytest.mark.parametrize("args, expected", [
     (["--iterations", "0"], "--iterations must be >= 1"),
     (["--num-envs", "0"], "--num-envs must be >= 1"),
     (["--num-states", "3"], "must be a multiple of --num-states 3"),
+    (["--quick", "--num-states", "3", "--num-envs", "12"], "(--quick caps --num-envs at 8)"),
+    (["--reset-seed", "-1"], "--reset-seed must be >= 0"),
     (["--set", "env.num_envz=3"], "Did you mean 'env.num_envs'?"),
     (["--config", "reasoning_grpo_tiny"], "takes an embodied RL job config"),
 ])
@@ -57,3 +62,12 @@ def test_bad_input_is_one_line(args, expected):
     assert r.returncode == 2
     assert expected in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_bad_save_path_and_override_are_one_line(tmp_path):
+    (tmp_path / "f").write_text("")
+    r = _run("--save", str(tmp_path / "f"), timeout=120)
+    assert r.returncode == 2 and "is a file; name a directory" in r.stderr, r.stderr
+    r = _run("--set", "bogus.key=1", timeout=120)
+    assert r.returncode == 2 and "bogus" in r.stderr
+    assert "filter_low" not in r.stderr and "rl.config" not in r.stderr  # no hidden overrides

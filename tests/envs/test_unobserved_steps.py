@@ -100,3 +100,12 @@ def test_step_without_obs_matches_env_step():
     finally:
         a.close()
         b.close()
+
+
+def test_step_unobserved_without_observe_is_refused_at_class_definition():
+    from rlinf_embodied.envs.base import SubBatch
+
+    with pytest.raises(TypeError, match="overrides step_unobserved but not observe"):
+        class Forgetful(SubBatch):  # noqa: F841
+            def step_unobserved(self, local_ids, actions):
+                raise AssertionError("never called")
