@@ -41,19 +41,18 @@ import torch
 from rlinf_embodied.runners.single_process import rollout_batch
 
 
-def _rollout(policy, env, seeds: list, steps: int, mode: str) -> dict:
+def _rollout(policy, env, seeds: list, group: int, steps: int, mode: str) -> dict:
     """One fixed-length episode per env, env i reset with ``seeds[i]``; the trajectory dict
-    update_policy takes, the envs of one seed forming one GRPO group."""
+    update_policy takes, each ``group`` consecutive envs (one seed) forming one GRPO group."""
     obs, _ = env.reset(seed=seeds)
     batch, _, _ = rollout_batch(policy, env, obs, steps, mode)
-    batch["group_ids"] = torch.as_tensor([sorted(set(seeds)).index(s) for s in seeds])
+    batch["group_ids"] = torch.arange(env.num_envs) // group
     return batch
 
 
-def _per_state(batch: dict, seeds: list) -> list:
-    """Success of the episodes of each distinct seed, in seed order."""
-    ok = batch["success"].any(0).float()
-    return [float(ok[[i for i, x in enumerate(seeds) if x == s]].mean()) for s in sorted(set(seeds))]
+def _per_state(batch: dict, group: int) -> list:
+    """Success of the episodes of each state (``group`` consecutive envs), in seed order."""
+    return batch["success"].any(0).float().view(-1, group).mean(1).tolist()
 
 
 def _args():
@@ -123,15 +122,18 @@ def run(args) -> dict:
     from rlinf_embodied.policies import build_policy, save_policy
     from rlinf_embodied.policies.base import SpaceSpec
 
-    try:
-        load_config(args.config)
+    try:  # one group per state: dynamic sampling would drop it whenever all its envs fail
+        cfg = load_config(args.config, [*args.set, "algorithm.filter_low=null",
+                                        "algorithm.filter_high=null"])
     except ConfigError as e:
-        raise ConfigError(f"{str(e).splitlines()[0]} (this check takes an embodied RL job config, "
-                          f"e.g. configs/maniskill_*.yaml; an SFT -> RL pipeline names its RL "
-                          f"config under rl.config)") from e
-    load_config(args.config, args.set)  # a bad --set is reported as given
-    # one group per state: dynamic sampling would drop it whenever all its envs fail
-    cfg = load_config(args.config, [*args.set, "algorithm.filter_low=null", "algorithm.filter_high=null"])
+        try:
+            load_config(args.config)
+        except ConfigError:
+            raise ConfigError(f"{str(e).splitlines()[0]} (this check takes an embodied RL job "
+                              f"config, e.g. configs/maniskill_*.yaml; an SFT -> RL pipeline "
+                              f"names its RL config under rl.config)") from e
+        load_config(args.config, args.set)  # a bad --set, reported as given
+        raise
     for key in ("pretrained", "checkpoint"):
         path = getattr(cfg.policy, key, None)
         if path and not Path(path).exists():
@@ -156,7 +158,7 @@ def run(args) -> dict:
                   // max(1, cfg.policy.action_chunk))
 
         def success(mode: str) -> float:
-            return float(_rollout(policy, env, seeds, steps, mode)["success"].any(0).float().mean())
+            return float(_rollout(policy, env, seeds, group, steps, mode)["success"].any(0).float().mean())
 
         t0 = time.perf_counter()
         out = {"config": os.path.basename(str(args.config)), "overrides": args.set,
@@ -167,11 +169,11 @@ def run(args) -> dict:
                "rollout_s": 0.0, "train_s": 0.0}
         for it in range(args.iterations):
             t = time.perf_counter()
-            batch = _rollout(policy, env, seeds, steps, "sample")
+            batch = _rollout(policy, env, seeds, group, steps, "sample")
             out["rollout_s"] += time.perf_counter() - t
             ok = batch["valid"].float()
             if it == 0:
-                out["success_per_state"] = {"before": _per_state(batch, seeds)}
+                out["success_per_state"] = {"before": _per_state(batch, group)}
             out["success"].append(float(batch["success"].any(0).float().mean()))
             out["return"].append(float((batch["rewards"] * ok).sum(0).mean()))
             t = time.perf_counter()
@@ -185,9 +187,9 @@ def run(args) -> dict:
             print(f"iteration {it + 1}: success {out['success'][-1]:.3f} return "
                   f"{out['return'][-1]:.2f} approx_kl {m.get('train/approx_kl', 0):.4f} grad_norm "
                   f"{m.get('train/grad_norm', 0):.3g}", flush=True)
-        last = _rollout(policy, env, seeds, steps, "sample")
+        last = _rollout(policy, env, seeds, group, steps, "sample")
         out["success_after"] = float(last["success"].any(0).float().mean())
-        out["success_per_state"]["after"] = _per_state(last, seeds)
+        out["success_per_state"]["after"] = _per_state(last, group)
         out["greedy_after"] = success("greedy")
         out["wall_s"] = time.perf_counter() - t0
         out["load_avg"] = os.getloadavg()[0]

@@ -161,7 +161,7 @@ def step_without_obs(env: Any, action: Any):
     (no sensor capture, so no rendering): ``BaseEnv.step`` of mani_skill 3.0.1
     (mani_skill/envs/sapien_env.py) less ``get_obs``. The suite's and the pipelines' tasks
     (PushCube, PullCube, PickCube, StackCube, ...) compute rewards from the scene, not from
-    the observation, so ``obs=None`` is passed to the reward; tests/envs/test_maniskill.py checks
+    the observation, so ``obs=None`` is passed to the reward; tests/envs/test_unobserved_steps.py checks
     rewards, flags and later observations against ``env.step``.
 
     Returns:
@@ -258,14 +258,12 @@ class ManiSkillSubBatch(SubBatch):
         return self._step(local_ids, actions, observe=False)
 
     def observe(self, local_ids) -> Transition:
-        parts = []
-        for i in local_ids:
-            env = self._active(i)
-            parts.append(self._observation(env, env.get_obs(env.get_info())))
-        m = len(parts)
-        return Transition({k: np.concatenate([p[k].numpy() for p in parts]) for k in parts[0]},
-                          np.zeros(m, np.float32), np.zeros(m, bool), np.zeros(m, bool),
-                          np.zeros(m, bool))
+        import torch
+
+        envs = [self._active(i) for i in local_ids]
+        parts = [self._observation(env, env.get_obs(env.get_info())) for env in envs]
+        zeros, no = [torch.zeros(1)] * len(envs), [torch.zeros(1, dtype=torch.bool)] * len(envs)
+        return self._pack(parts, zeros, no, no, no, reset=False)
 
     def _step(self, local_ids, actions, observe: bool) -> Transition:
         parts, rew, term, trunc, succ = [], [], [], [], []

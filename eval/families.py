@@ -171,11 +171,17 @@ class _SeededFamily(EnvFamily):
     def max_steps(self) -> Optional[int]:
         return self.protocol.max_steps_for(self.req.task)
 
+    def _task_options(self, tasks: List[Any]) -> Dict[str, Any]:
+        """Reset options that put each reset env on its task (one entry per env); none here."""
+        return {}
+
     def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
         seeds = [self.protocol.env_seed + trial for _, trial in pairs]
+        tasks = [t for t, _ in pairs]
         if first and len(ids) != env.num_envs:  # the first reset must reset every env
-            env.reset(seed=self.protocol.env_seed)
-        obs, _ = env.reset(seed=seeds, env_ids=ids)
+            env.reset(seed=self.protocol.env_seed,
+                      options=self._task_options([tasks[0]] * env.num_envs))
+        obs, _ = env.reset(seed=seeds, env_ids=ids, options=self._task_options(tasks))
         return obs
 
     def header(self) -> Dict[str, Any]:
@@ -253,15 +259,8 @@ class _ManiSkillFamily(_SeededFamily):
         values.update(self.req.env_overrides)
         return self.config_class()(**values)
 
-    def reset(self, env: Any, ids: List[int], pairs: List[Pair], first: bool) -> Dict[str, Any]:
-        if self.suite is None:
-            return super().reset(env, ids, pairs, first)
-        seeds = [self.protocol.env_seed + trial for _, trial in pairs]
-        tasks = [t for t, _ in pairs]
-        if first and len(ids) != env.num_envs:  # the first reset must reset every env
-            env.reset(seed=self.protocol.env_seed, options={"task_ids": [tasks[0]] * env.num_envs})
-        obs, _ = env.reset(seed=seeds, env_ids=ids, options={"task_ids": tasks})
-        return obs
+    def _task_options(self, tasks: List[Any]) -> Dict[str, Any]:
+        return {"task_ids": tasks} if self.suite is not None else {}
 
     def header(self) -> Dict[str, Any]:
         if self.suite is None:
