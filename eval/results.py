@@ -63,15 +63,22 @@ def env_config_differences(a: Optional[Dict[str, Any]], b: Optional[Dict[str, An
     """The ``env_config`` fields in which two results' headers differ, as ``"key: A vs B"``:
     (those that change the task, :data:`TASK_ENV_SETTINGS`; the others, e.g. ``state_keys``,
     ``control_mode`` or ``sensor_size``, leaving out :data:`RUN_ONLY_ENV_SETTINGS`). Results
-    written before headers recorded ``env_config`` (None) differ in nothing."""
+    written before headers recorded ``env_config`` (None) differ in nothing. A missing field,
+    None and an empty list or mapping are the same setting (env types write ``kwargs`` as None
+    or ``{}``)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return [], []
     task, setup = [], []
     for key in sorted(set(a) | set(b)):
-        if key in RUN_ONLY_ENV_SETTINGS or a.get(key) == b.get(key):
+        va, vb = _unset_is_none(a.get(key)), _unset_is_none(b.get(key))
+        if key in RUN_ONLY_ENV_SETTINGS or va == vb:
             continue
         (task if key in TASK_ENV_SETTINGS else setup).append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
     return task, setup
+
+
+def _unset_is_none(value: Any) -> Any:
+    return None if isinstance(value, (dict, list, tuple)) and len(value) == 0 else value
 
 
 class ResultsError(ValueError):

@@ -248,13 +248,23 @@ def _execution(policy: Any) -> Dict[str, Any]:
             "action_chunk": k, "open_loop_steps": k}
 
 
-def _training_env_hint(ckpt: Path) -> str:
+def _training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
     """``": --env-override control_mode=... --env-override sensor_size=... --obs-mode ..."``
     from the env settings saved beside a checkpoint
-    (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any."""
+    (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any. When the run's env
+    type is not ``env_type`` (the one evaluated), ``": --env TYPE --task ENV_ID"`` instead: the
+    other settings belong to that env type."""
     from rlinf_embodied.eval.request import run_env_config
 
     env, _ = run_env_config(str(ckpt))
+    trained = env.get("type")
+    if trained and env_type and trained != env_type:
+        flags = [f"--env {trained}"]
+        for key, flag in (("suite", "--suite"), ("env_id", "--task")):
+            if env.get(key):
+                flags.append(f"{flag} {env[key]}")
+                break
+        return ": " + " ".join(flags)
     flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
              if env.get(k) is not None]
     if env.get("obs_mode"):
@@ -284,7 +294,7 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
         raise PolicySourceError(
             f"Checkpoint {ckpt} ({policy.config.type} policy) does not match this env: it was "
             f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
-            f"trained on{_training_env_hint(ckpt)}."
+            f"trained on{_training_env_hint(ckpt, ctx.env)}."
         )
     which_run, iteration = None, None
     if (path / "checkpoints").is_dir():  # a run directory: say which of its checkpoints

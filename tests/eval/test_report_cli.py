@@ -124,6 +124,22 @@ def test_checkpoint_type_and_env_mismatch(tmp_path):
     assert res.exit_code == 0, res.output  # the matching env evaluates it
 
 
+def test_mismatch_hint_names_the_run_s_env(tmp_path):
+    from rlinf_embodied.eval.sources import _training_env_hint
+
+    ckpt = tmp_path / "run" / "checkpoints" / "iter_1"
+    ckpt.mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(
+        "env: {type: maniskill, env_id: PushCube-v1, control_mode: pd_ee_delta_pose, "
+        "sensor_size: 64, obs_mode: rgb}\n")
+    # the same env type: the settings that differ within it
+    assert _training_env_hint(ckpt, "maniskill") == (
+        ": --env-override control_mode=pd_ee_delta_pose --env-override sensor_size=64 --obs-mode rgb")
+    # another env type: that type and task first; its ManiSkill settings mean nothing to gym
+    assert _training_env_hint(ckpt, "gym") == ": --env maniskill --task PushCube-v1"
+    assert _training_env_hint(tmp_path, "gym") == ""  # no run config
+
+
 def test_parse_tasks_and_wiring():
     assert parse_tasks("0,3") == [0, 3] and parse_tasks("2-4") == [2, 3, 4]
     assert parse_tasks(None) is None and parse_tasks("all") is None
@@ -146,6 +162,10 @@ def test_compare_refuses_other_env_kwargs_and_warns_about_other_observations(tmp
     sparse = _results(tmp_path / "r.json", env_config={**env, "reward_mode": "sparse"})
     assert compare(_results(tmp_path / "d.json", env_config={**env, "reward_mode": "dense"}),
                    sparse).warnings == []
+    # an env type that writes no kwargs as None and one that writes {} set the same task
+    none = {**env, "kwargs": None}
+    assert compare(_results(tmp_path / "n.json", env_config=none),
+                   _results(tmp_path / "e.json", env_config={**env, "kwargs": {}})).warnings == []
     harder = _results(tmp_path / "k.json", env_config={**env, "kwargs": {"dim": 3}})
     with pytest.raises(CompareError, match=r"the task itself\): kwargs: \{'dim': 2\} vs \{'dim': 3\}.*--env-override"):
         compare(a, harder)
