@@ -67,3 +67,41 @@ def test_user_policy_and_env_by_config_alone(tmp_path):
     again = load_policy(tmp_path / "p")
     assert type(again).__name__ == "ScaledMLPPolicy" and again.config.action_scale == 0.25
     assert torch.allclose(again.act(obs, mode="greedy").actions, greedy)
+
+
+CAMERA = "tests.plugins.lab_components:CameraReachEnv"
+
+
+def test_user_subbatch_renders_once_per_chunk():
+    """A user's SubBatch with the optional pair (tests/plugins: CameraReachSubBatch): a chunk
+    renders once, an episode that ends inside it is observed where it ended, and rewards, flags
+    and observations equal an always-observing env's."""
+    from tests.plugins.lab_components import CameraReachSubBatch
+
+    K, limit = 4, 6  # the second chunk hits the time limit after 2 of its 4 steps
+    overrides = [f"env.type={CAMERA}", "env.num_envs=3", "env.vectorization=sync",
+                 f"env.max_episode_steps={limit}", "env.image_size=8"]
+    chunked = make_env(load_config(None, overrides).env)
+    observed = make_env(load_config(None, overrides).env)
+    try:
+        assert type(chunked).__name__ == "CameraReachEnv"
+        torch.manual_seed(0)
+        acts = torch.rand(3, 2 * K, 2) * 2 - 1
+        chunked.reset(seed=5)
+        observed.reset(seed=5)
+        singles = [observed.step(acts[:, t]) for t in range(limit)]
+        CameraReachSubBatch.renders = 0
+        obs, rew, te, tr, info = chunked.chunk_step(acts[:, :K])
+        assert CameraReachSubBatch.renders == 3  # one image per env, not one per step
+        assert torch.equal(rew, torch.stack([s[1] for s in singles[:K]], 1))
+        for key in ("states", "main_images"):
+            assert torch.equal(obs[key], singles[K - 1][0][key]), key
+        assert obs["main_images"].shape == (3, 8, 8, 3) and obs["main_images"].max() == 255
+        obs, rew, te, tr, info = chunked.chunk_step(acts[:, K:])
+        assert info["num_substeps"].tolist() == [limit - K] * 3 and tr[:, limit - K - 1].all()
+        assert CameraReachSubBatch.renders == 6  # observe() after the episodes ended mid-chunk
+        for key in ("states", "main_images"):
+            assert torch.equal(obs[key], singles[-1][0][key]), key
+    finally:
+        chunked.close()
+        observed.close()
