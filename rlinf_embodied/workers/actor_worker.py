@@ -176,12 +176,31 @@ class ActorWorker(Worker):
         torch.save(_rng_state(), Path(directory) / f"actor_rng_rank{self.rank}.pt")
 
     def _load_training_state(self, directory: Path) -> None:
+        """Restore optimizer, LR schedule, version and RNG states saved by :meth:`save`.
+
+        Parameters that had no gradient before the save (a Prismatic ViT's last block, whose
+        output no VLA uses) have no Adam state in the checkpoint; they start without one, as
+        they would have in the uninterrupted run. torch >= 2.14 refuses such a load unless
+        ``strict=False``, which is used only then, after checking the saved state belongs to
+        this policy.
+
+        Raises:
+            RuntimeError: the checkpoint's optimizer state names none of this policy's
+                parameters (another model).
+        """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         st = torch.load(directory / "actor_state.pt", weights_only=False)
+        saved = set(st["optimizer"].get("state", {}))
+        trained = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+        if saved and not saved & trained:
+            raise RuntimeError(
+                f"{directory / 'actor_state.pt'} holds optimizer state for parameters this "
+                f"policy does not have (e.g. {min(saved)!r}); resume with the run's own policy.")
         set_optimizer_state_dict(
             self.policy, self.optimizer, st["optimizer"],
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                     strict=trained <= saved),
         )
         self.scheduler.load_state_dict(st["scheduler"])
         # This config's schedule at the restored step. The optimizer state holds the rate of

@@ -78,6 +78,20 @@ def test_resume_is_exact(ray_session, tmp_path):
     assert_same(weights(tmp_path / "full"), weights(tmp_path / "resumed"))
 
 
+def test_resume_with_parameters_that_never_had_a_gradient(ray_session, tmp_path):
+    """A policy with parameters no loss reaches (a Prismatic ViT's last block in the VLAs) has
+    no optimizer state for them; resuming loads the rest and stays exact (it raised "Missing
+    optimizer state for parameter ..." on torch 2.14)."""
+    spare = ["policy.type=tests.plugins.lab_components:SpareLayerMLPPolicy"]
+    EmbodiedRunner(make_cfg(tmp_path, iterations=2, overrides=spare), tmp_path / "full").run()
+    EmbodiedRunner(make_cfg(tmp_path, iterations=1, overrides=spare), tmp_path / "resumed").run()
+    EmbodiedRunner(make_cfg(tmp_path, iterations=2, overrides=spare), tmp_path / "resumed", resume=True).run()
+    assert latest_checkpoint(tmp_path / "resumed").name == "iter_000002"
+    full, resumed = weights(tmp_path / "full"), weights(tmp_path / "resumed")
+    assert "spare.weight" in full
+    assert_same(full, resumed)
+
+
 def test_resume_with_a_longer_linear_schedule_trains_at_the_new_rate(ray_session, tmp_path):
     """Extending a finished linear-schedule run: the first new iteration trains at the new
     schedule's rate (it trained at 0 before: the optimizer kept the saved end-of-schedule lr)."""

@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from rlinf_embodied.envs.base import EnvSpec, Transition
 from rlinf_embodied.envs.configuration_gym import GymEnvConfig
@@ -34,6 +35,25 @@ class ScaledMLPPolicy(MLPPolicy):
         out = super().act(obs, mode)
         out.actions = out.actions * self.config.action_scale
         return out
+
+
+@dataclass
+class SpareLayerMLPPolicyConfig(MLPPolicyConfig):
+    """MLP policy with one layer that no loss reaches."""
+
+    type: str = "tests.plugins.lab_components:SpareLayerMLPPolicy"
+
+
+class SpareLayerMLPPolicy(MLPPolicy):
+    """An MLP policy holding a layer that nothing computes with, as a Prismatic ViT's last block
+    (features come from the second-to-last): its parameters never get a gradient, so Adam keeps
+    no state for them."""
+
+    config_class = SpareLayerMLPPolicyConfig
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.spare = torch.nn.Linear(2, 2)
 
 
 @dataclass
