@@ -181,7 +181,7 @@ def check_vla_sft_rl_miniature(quick: bool) -> dict:
             "env.task_ids=[0,1]", "env.sensor_size=32", "policy.tiny.image_size=32",
             "env.max_episode_steps=24", "bc.steps=30", "bc.batch_size=16", "eval.episodes=1",
             "eval.gate_episodes=1", "rl.overrides=[trainer.iterations=2,trainer.eval_every=0,"
-            "trainer.save_every=2,env.num_envs=4,algorithm.filter_low=null,"
+            "trainer.save_every=2,env.num_envs=4,algorithm.group_size=2,algorithm.filter_low=null,"
             "algorithm.filter_high=null,logging.tensorboard=false]"])
         out = run_sft_rl(cfg, log=lambda *_: None)
         import torch
