@@ -28,6 +28,9 @@ def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
         assert getattr(job.policy, name) == getattr(cfg.policy, name), name
     with pytest.raises(ConfigError, match=r"policy\.action_horizon is 8 in the SFT config but 10"):
         validate_rl_stage(cfg, ["policy.action_horizon=10"])
+    # a shrunk RL stage whose env count breaks the groups: the fix is named where it goes
+    with pytest.raises(ConfigError, match=r"env.num_envs=4 envs \(from rl.config .*group_size=\d+; set both in rl.overrides"):
+        validate_rl_stage(cfg, ["env.num_envs=4", "algorithm.group_size=8"])
 
 
 def test_rl_stage_of_another_family_is_refused(tmp_path):
