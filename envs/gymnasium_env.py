@@ -270,6 +270,10 @@ class GymnasiumEnv(VectorBatchedEnv):
         ValueError: unknown id, unsupported spaces, image/state keys not in the observation.
     """
 
+    sub_batch_class: type = GymSubBatch
+    """What each process builds as ``sub_batch_class(cfg, env_ids, device)``: a subclass that
+    changes what the envs observe (e.g. renders its own camera) sets its own here."""
+
     def __init__(self, cfg: Any):
         procs = 0 if cfg.vectorization == "sync" else max(1, cfg.num_processes)
-        super().__init__(functools.partial(GymSubBatch, cfg), cfg, num_processes=procs)
+        super().__init__(functools.partial(self.sub_batch_class, cfg), cfg, num_processes=procs)

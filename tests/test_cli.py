@@ -99,6 +99,9 @@ def test_config_show_rejects_what_train_would_reject_later():
          "expected a mapping (a config section), got [1] (list)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
          "is longer than an episode (env.max_episode_steps=50)"),
+        # whole GRPO groups, checked before any placement is known (placement=auto)
+        (["configs/maniskill_pushcube_grpo_mlp.yaml", "env.num_envs=10", "placement=auto"],
+         "Set env.num_envs to a multiple of algorithm.group_size=4 (got 10)"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
          "Config file not found: nope_config"),

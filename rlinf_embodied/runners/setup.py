@@ -40,7 +40,8 @@ def group_ranks(plan, num_devices: int) -> dict:
 
 def validate_job(cfg: JobConfig) -> None:
     """Checks that need no cluster, run before anything is started or written (``train`` and
-    ``config show`` both run them): the env exists (``env.check_available()``), no KL coefficient (there is no reference policy), wandb
+    ``config show`` both run them): the env exists (``env.check_available()``), the envs form
+    whole GRPO groups, no KL coefficient (there is no reference policy), wandb
     importable when enabled, the placement exists and parses, and the env sharding and the
     minibatch count fit it when every group's devices are explicit.
 
@@ -48,6 +49,12 @@ def validate_job(cfg: JobConfig) -> None:
         ConfigError: naming the problem and the fix.
     """
     cfg.env.check_available()
+    n, g = cfg.env.num_envs, max(1, cfg.algorithm.group_size)
+    if n % g:  # the rank-free part of check_divisibility, which runs once ranks are placed
+        raise ConfigError(
+            f"Set env.num_envs to a multiple of algorithm.group_size={g} (got {n}): the envs "
+            f"form groups of {g} that share a reset seed."
+        )
     if cfg.algorithm.kl_coef != 0.0:
         raise ConfigError(
             f"algorithm.kl_coef={cfg.algorithm.kl_coef}: training keeps no reference policy to "

@@ -282,22 +282,21 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     call it before any stage runs, so that a bad ``rl.config`` / ``rl.overrides`` fails in one line.
 
     Raises:
-        rlinf_embodied.config.ConfigError: the RL stage's job is invalid, e.g. its
-            ``env.num_envs`` (the RL config's, not the pipeline env's) is no multiple of
-            ``algorithm.group_size``.
+        rlinf_embodied.config.ConfigError: the RL stage's job is invalid (e.g. its
+            ``env.num_envs``, the RL config's and not the pipeline env's, is no multiple of
+            ``algorithm.group_size``); the message says that the fix goes into ``rl.overrides``.
     """
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.runners.setup import validate_job
 
     job = rl_job_config(cfg, extra)
     check_same_policy(cfg, job)
-    n, g = job.env.num_envs, max(1, job.algorithm.group_size)
-    if n % g:  # train checks it with the ranks once placed; the pipeline's fix is rl.overrides
+    try:
+        validate_job(job)
+    except ConfigError as e:  # the fix goes into rl.overrides, not the pipeline's own sections
         raise ConfigError(
-            f"The RL stage runs env.num_envs={n} envs (from rl.config {cfg.rl.config}, not the "
-            f"pipeline's env), no multiple of algorithm.group_size={g}; set both in "
-            f"rl.overrides=[env.num_envs=...,algorithm.group_size=...].")
-    validate_job(job)
+            f"The RL stage (rl.config {cfg.rl.config}, with its own env, not the pipeline's): "
+            f"{e} Set it in rl.overrides=[...].") from None
     return job
 
 

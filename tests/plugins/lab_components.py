@@ -5,16 +5,14 @@ no registration)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rlinf_embodied.envs.base import EnvSpec, Transition
+from rlinf_embodied.envs.base import EnvSpec, Transition, reset_transition
 from rlinf_embodied.envs.configuration_gym import GymEnvConfig
 from rlinf_embodied.envs.gymnasium_env import GymnasiumEnv, GymSubBatch
-from rlinf_embodied.envs.vector import VectorBatchedEnv
 from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
 from rlinf_embodied.policies.mlp import MLPPolicy
 
@@ -131,18 +129,13 @@ class CameraReachSubBatch(GymSubBatch):
         return dataclasses.replace(tr, obs={})
 
     def observe(self, local_ids) -> Transition:
-        m = len(local_ids)
-        return Transition(obs={"states": self._states[local_ids].copy(), "main_images": self._render(local_ids)},
-                          reward=np.zeros(m, np.float32), terminated=np.zeros(m, bool),
-                          truncated=np.zeros(m, bool), success=np.zeros(m, bool))
+        obs = {"states": self._states[local_ids].copy(), "main_images": self._render(local_ids)}
+        return reset_transition(obs, [self._task] * len(local_ids))  # zero reward, no flags
 
 
-class CameraReachEnv(VectorBatchedEnv):
+class CameraReachEnv(GymnasiumEnv):
     """``env.type=tests.plugins.lab_components:CameraReachEnv``: N CameraReach envs, in-process
     (``env.vectorization=sync``) or in ``env.num_processes`` pool workers."""
 
     config_class = CameraReachEnvConfig
-
-    def __init__(self, cfg: CameraReachEnvConfig):
-        procs = 0 if cfg.vectorization == "sync" else max(1, cfg.num_processes)
-        super().__init__(functools.partial(CameraReachSubBatch, cfg), cfg, num_processes=procs)
+    sub_batch_class = CameraReachSubBatch
