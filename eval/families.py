@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from rlinf_embodied.eval.protocols import LIBERO_SUITES, POLICY_MODES, Protocol, get_protocol
-from rlinf_embodied.eval.request import DEFAULT_PROTOCOLS, EvalError, EvalRequest, Pair
+from rlinf_embodied.eval.request import DEFAULT_PROTOCOLS, EvalError, EvalRequest, Pair, is_custom_env
 
 __all__ = [
     "EnvFamily",
     "FAMILIES",
+    "family_class",
     "resolve_protocol",
     "auto_obs_mode",
     "checked_env_config",
@@ -289,8 +290,64 @@ class _GymFamily(_SeededFamily):
         return self.config_class()(**values)
 
 
+class _CustomFamily(_SeededFamily):
+    """A user's env type (``--env package.module:Class``, a run's ``env.type``): seeded like
+    gymnasium (trial i resets with seed ``protocol.env_seed + i``; the ``gym`` protocols), its
+    EnvConfig the class's own ``config_class``; ``--task`` is its ``env_id`` where the config
+    has one, else only a name for the results."""
+
+    name = "custom"
+
+    def __init__(self, req: EvalRequest, protocol: Protocol):
+        if not req.task:
+            req = dataclasses.replace(req, task=req.env)
+        super().__init__(req, protocol)
+
+    def config_class(self) -> type:
+        from rlinf_embodied.config import ConfigError, config_class
+
+        try:
+            return config_class("env", self.req.env)
+        except ConfigError as e:
+            raise EvalError(f"--env {self.req.env}: {e}") from None
+
+    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
+                   first: Sequence[Pair]) -> Any:
+        cls = self.config_class()
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = dict(type=self.req.env, num_envs=num_envs, num_processes=num_processes,
+                      ignore_terminations=self.protocol.ignore_terminations,
+                      max_episode_steps=self.max_steps(), seed=self.config_seed())
+        if "env_id" in names and self.req.task != self.req.env:
+            values["env_id"] = self.req.task
+        if "vectorization" in names:
+            values["vectorization"] = "async" if num_processes > 0 else "sync"
+        values.update(self.req.env_overrides)
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
 FAMILIES = {"libero": _LiberoFamily, "maniskill": _ManiSkillFamily, "gym": _GymFamily}
-"""The :class:`EnvFamily` of each ``--env`` value."""
+"""The :class:`EnvFamily` of each named ``--env`` value; a ``module:Class`` env type is a
+:class:`_CustomFamily` (:func:`family_class`)."""
+
+
+def family_class(env: str) -> type:
+    """The :class:`EnvFamily` class of an ``--env`` value.
+
+    Raises:
+        EvalError: neither a family name nor a ``module:Class`` env type (lists the valid ones).
+    """
+    if env in FAMILIES:
+        return FAMILIES[env]
+    if is_custom_env(env):
+        return _CustomFamily
+    raise EvalError(f"Unknown --env {env!r}; valid: {', '.join(sorted(FAMILIES))}, or a "
+                    "package.module:Class env type.")
+
+
+def protocol_env(env: str) -> str:
+    """The family whose protocols an ``--env`` value uses (a custom env type: ``gym``'s)."""
+    return "gym" if is_custom_env(env) and env not in FAMILIES else env
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,12 +362,11 @@ def resolve_protocol(req: EvalRequest) -> Protocol:
         EvalError: unknown env family or ``policy_mode`` (named by its CLI flag).
         ProtocolError: unknown protocol (lists valid ones) or invalid override.
     """
-    if req.env not in FAMILIES:
-        raise EvalError(f"Unknown --env {req.env!r}; valid: {', '.join(sorted(FAMILIES))}.")
+    family_class(req.env)  # raises on an unknown --env
     if req.policy_mode is not None and req.policy_mode not in POLICY_MODES:
         raise EvalError(f"--policy-mode must be one of {', '.join(POLICY_MODES)} "
                         f"(got {req.policy_mode!r}).")
-    default = DEFAULT_PROTOCOLS[req.env]
+    default = DEFAULT_PROTOCOLS[protocol_env(req.env)]
     if req.env == "maniskill" and req.suite is not None and req.protocol is None:
         from rlinf_embodied.envs.maniskill_suites import get_suite
 
@@ -318,7 +374,7 @@ def resolve_protocol(req: EvalRequest) -> Protocol:
             default = get_suite(req.suite).protocol
         except ValueError as e:
             raise EvalError(f"--suite: {e}") from None
-    protocol = get_protocol(req.protocol or default, env=req.env)
+    protocol = get_protocol(req.protocol or default, env=protocol_env(req.env))
     return protocol.with_overrides(
         trials_per_task=req.trials_per_task, max_steps=req.max_steps,
         num_settle_steps=req.num_settle_steps, image_size=req.image_size,
@@ -338,7 +394,7 @@ def auto_obs_mode(req: EvalRequest) -> str:
         EvalError: an unknown mode, ``state`` with a video the family cannot film, or ``rgb``
             for a checkpoint trained without images.
     """
-    state_video = FAMILIES[req.env].films_state_policies
+    state_video = family_class(req.env).films_state_policies
     if req.obs_mode != "auto":
         if req.obs_mode not in ("rgb", "state"):
             raise EvalError(f"--obs-mode must be rgb, state or auto (got {req.obs_mode!r}).")

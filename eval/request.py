@@ -25,6 +25,7 @@ __all__ = [
     "Pair",
     "DEFAULT_PROTOCOLS",
     "VIDEO_MODES",
+    "is_custom_env",
     "run_config",
     "run_env_config",
     "run_max_episode_steps",
@@ -286,15 +287,33 @@ none: its protocol fixes the image size. The gym settings belong to one env, so 
 only when ``--task`` is the run's ``env.env_id``."""
 
 
+CUSTOM_ENV_RUN_KEYS_SKIPPED = ("type", "env_id", "num_envs", "num_processes", "vectorization",
+                               "seed", "max_episode_steps", "ignore_terminations",
+                               "ignore_terminations_fraction", "success_hold_steps",
+                               "success_hold_ramp")
+"""A user's env type (``module:Class``) takes every setting of the run's env section but these,
+which the evaluation sets (counts, seeds, limits and the protocol's episode end)."""
+
+
+def is_custom_env(env: Optional[str]) -> bool:
+    """Whether ``--env`` / a run's ``env.type`` names a user's env class (``module:Class``)."""
+    return bool(env) and ":" in str(env)
+
+
 def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     """The :data:`RUN_ENV_KEYS` settings the policy's run set (empty ones left out; with
     ``run_trials`` the :data:`RUN_TRIAL_ENV_KEYS` too), when they belong to the evaluated env:
-    the same family, and for gym the same env id."""
+    the same family, and for gym the same env id. A user's env type takes all its run settings
+    but :data:`CUSTOM_ENV_RUN_KEYS_SKIPPED`."""
     if run_env.get("type", req.env) != req.env:
         return {}
-    if req.env == "gym" and run_env.get("env_id", req.task) != req.task:
+    if (req.env == "gym" or is_custom_env(req.env)) and run_env.get("env_id", req.task) != req.task:
         return {}
-    keys = RUN_ENV_KEYS.get(req.env, ()) + (RUN_TRIAL_ENV_KEYS if req.run_trials else ())
+    if is_custom_env(req.env):
+        keys = tuple(k for k in run_env if k not in CUSTOM_ENV_RUN_KEYS_SKIPPED)
+    else:
+        keys = RUN_ENV_KEYS.get(req.env, ())
+    keys += RUN_TRIAL_ENV_KEYS if req.run_trials else ()
     return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 

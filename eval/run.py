@@ -46,6 +46,7 @@ from rlinf_embodied.eval.families import (
     FAMILIES,
     auto_obs_mode,
     checked_env_config,
+    family_class,
     resolve_protocol,
 )
 from rlinf_embodied.eval.protocols import installed_version, warn_versions
@@ -54,6 +55,7 @@ from rlinf_embodied.eval.request import (
     EvalRequest,
     all_pairs,
     check_request,
+    is_custom_env,
     overridden_run_settings,
     run_env_config,
     run_env_overrides,
@@ -129,7 +131,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     check_request(req)
     run_env, run_cfg = run_env_config(req.policy)
     if req.env is None:  # a training run names its own env type
-        if run_env.get("type") not in FAMILIES:
+        if run_env.get("type") not in FAMILIES and not is_custom_env(run_env.get("type")):
             raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
                             "--policy is a training run.")
         print(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).",
@@ -140,7 +142,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         print(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).",
               file=sys.stderr)
         req = dataclasses.replace(req, suite=str(run_env["suite"]))
-    if (req.task is None and req.suite is None and req.env in ("gym", "maniskill")
+    if (req.task is None and req.suite is None
+            and (req.env in ("gym", "maniskill") or is_custom_env(req.env))
             and run_env.get("env_id") and run_env.get("type", req.env) == req.env):
         print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
               file=sys.stderr)
@@ -154,7 +157,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
               f"({', '.join(f'{k}={v}' for k, v in adopted.items())}, {run_cfg}); recorded in "
               "the results' env_config.", file=sys.stderr)
         req = dataclasses.replace(req, env_overrides={**adopted, **req.env_overrides})
-    family = FAMILIES[req.env](req, protocol)
+    family = family_class(req.env)(req, protocol)
     obs_mode = auto_obs_mode(req)
     mismatches = warn_versions(protocol)
     pairs = all_pairs(family.tasks(), protocol.trials_per_task)

@@ -229,3 +229,34 @@ def test_rgb_for_a_state_checkpoint_is_refused_up_front(tmp_path):
     assert res.exit_code == 2, res.output
     assert "reads state observations only" in res.output and "--obs-mode state or auto" in res.output
     assert not (tmp_path / "r.json").exists()
+
+
+def test_run_on_a_user_env_type_is_evaluated_with_its_settings(tmp_path):
+    # a training run whose env.type is a user's module:Class (tests/plugins/lab_components.py)
+    from rlinf_embodied.checkpoint import checkpoint_dir
+    from rlinf_embodied.policies.base import SpaceSpec
+    from rlinf_embodied.policies.configuration_actor_critic import MLPPolicyConfig
+    from rlinf_embodied.policies.registry import build_policy, save_policy
+
+    env_type = "tests.plugins.lab_components:FixedGoalEnv"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        f"env: {{type: '{env_type}', env_id: toy/PointReach-v0, goal_radius: 0.3, num_envs: 64, "
+        "max_episode_steps: 20}\n")
+    spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
+    with checkpoint_dir(run, "iter_000001") as d:
+        save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), d / "policy")
+    out = tmp_path / "u.json"
+    res = runner.invoke(eval_app, ["--policy", str(run), "--trials-per-task", "3", "--num-envs",
+                                   "2", "--num-processes", "0", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"--env {env_type} (the env type of the policy's run" in res.output
+    results = ResultsFile.load(out)
+    assert results.header["env"] == env_type and len(results.episodes) == 3
+    assert results.header["env_config"]["goal_radius"] == 0.3  # the run's own setting
+    assert results.header["env_config"]["max_episode_steps"] == 20
+    # an --env that is neither a family nor a module:Class names both
+    res = runner.invoke(eval_app, ["--env", "gymm", "--task", "x", "--policy", "random",
+                                   "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "valid: gym, libero, maniskill, or a package.module:Class" in res.output
