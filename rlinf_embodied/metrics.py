@@ -112,6 +112,9 @@ class MetricLogger:
             if v is not None:
                 parts.append(f"{short} {v:.3g}")
         parts.append(f"{rec['time_s']:.0f}s")
+        if rec.get("train/nonzero_advantage_fraction") == 0.0:
+            parts.append("no update signal: every advantage is 0 (equal rewards within every "
+                         "group, e.g. none succeeded)")
         line = " | ".join(parts)
         if self._rich is not None:
             self._rich.print(line)

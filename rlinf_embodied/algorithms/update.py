@@ -300,4 +300,7 @@ def _update(policy, optimizer, batch, cfg, iteration, rank, device, mean_across_
         out["train/rollout_logprob_diff_max"] = first_diff
     out["train/critic_warmup"] = float(warmup)
     out["train/valid_fraction"] = float(adv.valid.float().mean())
+    signal = adv.advantages[adv.valid]
+    # 0 when every GRPO group's rewards are equal (e.g. all 0 early on): no policy gradient
+    out["train/nonzero_advantage_fraction"] = float((signal != 0).float().mean()) if signal.numel() else 0.0
     return out

@@ -8,16 +8,18 @@ import torch
 from rlinf_embodied.algorithms.update import update_policy
 
 
-def one_group_update(p, out, cfg, lr: float) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def one_group_update(p, out, cfg, lr: float, rewards: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Update ``p`` once (plain SGD at ``lr``: the step follows the clipped gradient, where
     Adam's first step is a sign step of the same size for every weight) on ``out`` (an
-    ``act`` output of N samples) with rewards 1, 0, 1, 0, ... in one group.
+    ``act`` output of N samples) with rewards 1, 0, 1, 0, ... (or ``rewards``, (N,)) in one
+    group.
 
     Returns ``(up, down, metrics)``: the summed log-prob change per sample of the rewarded and
     the unrewarded samples, and the update's metrics.
     """
     n = out.actions.shape[0]
-    rewards = torch.tensor([1.0, 0.0] * (n // 2))[None]  # (T=1, N): one group
+    rewards = (torch.tensor([1.0, 0.0] * (n // 2)) if rewards is None else rewards)[None]  # (T=1, N)
     batch = {"forward_inputs": {k: v[None] for k, v in out.forward_inputs.items()},
              "actions": out.actions[None], "logprobs": out.logprobs[None], "rewards": rewards,
              "terminations": torch.zeros(1, n, dtype=torch.bool),

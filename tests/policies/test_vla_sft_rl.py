@@ -90,9 +90,30 @@ def test_one_update_follows_the_advantage_sign(family):
     # std (0.14)
     up, down, metrics = one_group_update(p, out, cfg, lr=1e-4 if p.continuous_actions else 1e-3)
     assert metrics["train/rollout_logprob_diff_max"] < 1e-4
+    assert metrics["train/nonzero_advantage_fraction"] == 1.0
     assert float(up.mean()) > 0 > float(down.mean()), (up, down)
     if not p.continuous_actions:
         assert bool((up > 0).all()) and bool((down < 0).all()), (up, down)
+
+
+def test_equal_rewards_in_a_group_give_no_signal_and_the_console_says_so(tmp_path, capsys):
+    """GRPO with every reward 0 (an SFT that solves nothing): all advantages are 0, the update
+    leaves the action log-probs where they were, and the progress line says why."""
+    from rlinf_embodied.metrics import MetricLogger
+
+    p = make("oft_discrete")
+    out = p.act(make_obs(), mode="sample")
+    cfg = load_config("configs/maniskill_lang3_grpo_openvla_oft_finetune.yaml", [
+        "algorithm.group_size=8", "algorithm.filter_low=null", "algorithm.filter_high=null",
+        "algorithm.entropy_coef=0", "trainer.update_epochs=1", "trainer.num_minibatches=1"])
+    up, down, metrics = one_group_update(p, out, cfg, lr=1e-3, rewards=torch.zeros(N))
+    assert up.numel() == 0 and float(down.abs().max()) < 1e-6
+    assert metrics["train/nonzero_advantage_fraction"] == 0.0
+    logger = MetricLogger(tmp_path, tensorboard=False)
+    logger._rich = None  # plain print, captured below
+    logger.log(metrics, step=64, iteration=1)
+    logger.close()
+    assert "no update signal: every advantage is 0" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
