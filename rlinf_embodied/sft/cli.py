@@ -27,6 +27,31 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _interrupted(cfg, config: str) -> None:
+    """After a Ctrl-C in any stage: what the finished stages left and which command goes on
+    from it; exits 130."""
+    from pathlib import Path
+
+    run = cfg.run_dir()
+    demos = Path(cfg.demos.dir)
+    lines = []
+    if demos.is_dir() and any(demos.rglob("*.h5")):
+        lines.append(f"demos in {demos} (reused by `sft` / `sft-rl`)")
+    sft = run / "sft" / ("vla" if (run / "sft" / "vla").is_dir() else "policy")
+    if sft.is_dir():
+        lines.append(f"the SFT checkpoint {sft} (`rlinf-embodied finetune {config}` runs the "
+                     "gate and RL from it)")
+    rl_ckpts = run / "rl" / "checkpoints"
+    if rl_ckpts.is_dir() and any(rl_ckpts.glob("iter_*")):
+        lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
+                     "continues the RL run)")
+    if lines:
+        typer.echo("interrupted; saved: " + "; ".join(lines) + ".")
+    else:
+        typer.echo(f"interrupted before any stage finished: nothing was saved under {run}.")
+    raise typer.Exit(130)
+
+
 def _passive_omp() -> None:
     """OpenMP threads of this process sleep when idle (:func:`~rlinf_embodied.omp.omp_wait_env`) unless the user chose otherwise: SFT and the evaluations run the policy here,
     beside the env processes, and spinning libgomp threads on a shared 2-core machine made
@@ -70,6 +95,8 @@ def demos(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
         path = run_demos(cfg, log=typer.echo, force=force)
     except DemoError as e:
         _fail(str(e), code=1)
+    except KeyboardInterrupt:
+        _interrupted(cfg, config)
     typer.echo(f"demos: {path}")
 
 
@@ -82,6 +109,8 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
         out = run_sft(cfg, log=typer.echo)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e), code=1)
+    except KeyboardInterrupt:
+        _interrupted(cfg, config)
     typer.echo(json.dumps(out["evaluation"]))
 
 
@@ -101,6 +130,8 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
         _fail(str(e), code=2)
     except GateError as e:
         _fail(str(e), code=3)
+    except KeyboardInterrupt:
+        _interrupted(cfg, config)
     typer.echo(json.dumps(summarize(cfg)))
 
 
@@ -119,6 +150,8 @@ def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> N
         _fail(str(e), code=3)
     except DemoError as e:
         _fail(str(e), code=1)
+    except KeyboardInterrupt:
+        _interrupted(cfg, config)
     typer.echo(json.dumps(out))
 
 

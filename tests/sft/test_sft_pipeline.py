@@ -163,3 +163,28 @@ def test_config_refuses_demo_seeds_in_the_evaluation_range():
     with pytest.raises(ConfigError, match="demos.seed"):
         load_sft_config(CONFIG, ["demos.seed=1000000"])
     assert isinstance(load_sft_config(CONFIG), SFTJobConfig)
+
+
+def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import rlinf_embodied.sft.pipeline as pipeline_module
+    from rlinf_embodied.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline_module, "run_rl", interrupted)
+    config = "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml"
+    args = ["finetune", config, f"run.dir={tmp_path / 'run'}", f"demos.dir={tmp_path / 'demos'}"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 130, r.output
+    assert "interrupted before any stage finished: nothing was saved" in r.output
+    (tmp_path / "run" / "sft" / "policy").mkdir(parents=True)
+    (tmp_path / "run" / "rl" / "checkpoints" / "iter_000002").mkdir(parents=True)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 130, r.output
+    text = " ".join(r.output.split())
+    assert f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'} (`rlinf-embodied finetune {config}`" in text
+    assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
+    assert "Traceback" not in r.output
