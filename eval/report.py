@@ -297,6 +297,43 @@ def _paired(a: List[Episode], b: List[Episode]) -> Dict[str, Any]:
             "mcnemar": mcnemar(b_cnt, c_cnt)}
 
 
+PROTOCOL_FLAGS = {"max_steps": "--max-steps", "num_settle_steps": "--num-settle-steps",
+                  "image_size": "--image-size"}
+"""Protocol fields an evaluation overrides with an ``eval`` flag (the protocol id gets
+``+field``); two results of one protocol that differ only in these pair after a re-run with the
+other's flags."""
+
+
+def _protocol_flag_advice(pa: dict, pb: dict, diff: list, name_a: str, name_b: str) -> str:
+    """The re-run that makes two results of the same protocol comparable, as ``eval`` flags;
+    "" when they are different protocols or a differing value has no flag (e.g. a native
+    image size)."""
+    if pa.get("name") is None or pa.get("name") != pb.get("name") or not diff:
+        return ""
+    if not set(diff) <= set(PROTOCOL_FLAGS):
+        return ""
+
+    def flags(p: dict) -> str | None:
+        out = []
+        for key in diff:
+            v = p.get(key)
+            if isinstance(v, dict):  # max_steps per task / suite: one flag sets them all
+                if len(set(v.values())) != 1:
+                    return None
+                v = next(iter(v.values()))
+            if v is None:
+                return None
+            out.append(f"{PROTOCOL_FLAGS[key]} {v}")
+        return " ".join(out)
+
+    fa, fb = flags(pa), flags(pb)
+    if fa is None or fb is None:
+        return ""
+    return (f"Both are {pa['name']} with other {', '.join(diff)}: re-run the evaluation of "
+            f"{name_b} with {fa} (as {name_a}) or that of {name_a} with {fb} (as {name_b}), "
+            "or pass --force to compare anyway.")
+
+
 def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, os.PathLike],
             force: bool = False) -> Comparison:
     """Per-task differences and McNemar's test of B against A on shared (task, trial) pairs.
@@ -335,6 +372,9 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
                       f"re-run one evaluation with the other's --policy-mode ({ma} or {mb}), "
                       "or pass --force to compare anyway.")
         else:
+            flags = _protocol_flag_advice(pa, pb, diff, a.path.name, b.path.name)
+            if flags:
+                advice = flags
             problems.append(
                 f"different protocols: {pa.get('id')} (fingerprint {pa.get('fingerprint')}) vs "
                 f"{pb.get('id')} (fingerprint {pb.get('fingerprint')}); differing fields: "

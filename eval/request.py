@@ -10,7 +10,7 @@ env settings that define the policy's spaces (:func:`run_env_config`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_PROTOCOLS",
     "VIDEO_MODES",
     "is_custom_env",
+    "adopt_run_env",
     "run_config",
     "run_env_config",
     "run_max_episode_steps",
@@ -52,7 +53,7 @@ class EvalRequest:
     """One evaluation, as given on the command line.
 
     Attributes:
-        env: env family, ``libero``, ``maniskill`` or ``gym``; None takes the ``env.type`` of
+        env: env family, ``libero``, ``maniskill``, ``gym`` or a ``module:Class`` env type; None takes the ``env.type`` of
             the training run ``policy`` is (:class:`EvalError` if it is none).
         policy: ``--policy`` SOURCE (see :mod:`rlinf_embodied.eval.sources`).
         suite: LIBERO suite (``libero_spatial`` ...).
@@ -315,6 +316,43 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
         keys = RUN_ENV_KEYS.get(req.env, ())
     keys += RUN_TRIAL_ENV_KEYS if req.run_trials else ()
     return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
+
+
+def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
+                  families: Sequence[str], log: Optional[Callable[[str], None]] = None) -> EvalRequest:
+    """The request with what it leaves unset taken from the policy's training run (its env
+    section ``run_env``, read from ``run_cfg``): the env type (one of ``families`` or a
+    ``module:Class``), a ManiSkill suite with the tasks
+    the run trained on (``env.task_ids``; an explicit ``--suite`` evaluates every task), or
+    the env id. Each adopted value is logged (default: standard error).
+
+    Raises:
+        EvalError: no ``--env`` and the policy is no training run of a known env type.
+    """
+    import sys
+
+    log = log or (lambda line: print(line, file=sys.stderr))
+    if req.env is None:  # a training run names its own env type
+        if run_env.get("type") not in families and not is_custom_env(run_env.get("type")):
+            raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
+                            "--policy is a training run.")
+        log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")
+        req = replace(req, env=str(run_env["type"]))
+    if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
+            and run_env.get("type", req.env) == req.env):
+        log(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).")
+        req = replace(req, suite=str(run_env["suite"]))
+        ids = run_env.get("task_ids")
+        if req.tasks is None and isinstance(ids, list) and ids:
+            log(f"eval: --tasks {','.join(map(str, ids))} (the tasks the policy's run trained "
+                f"on; --suite {run_env['suite']} evaluates every task).")
+            req = replace(req, tasks=[int(i) for i in ids])
+    if (req.task is None and req.suite is None
+            and (req.env in ("gym", "maniskill") or is_custom_env(req.env))
+            and run_env.get("env_id") and run_env.get("type", req.env) == req.env):
+        log(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).")
+        req = replace(req, task=str(run_env["env_id"]))
+    return req
 
 
 def run_env_overrides(req: EvalRequest, protocol: Protocol, run_env: Dict[str, Any]) -> Dict[str, Any]:

@@ -54,8 +54,8 @@ from rlinf_embodied.eval.request import (
     EvalError,
     EvalRequest,
     all_pairs,
+    adopt_run_env,
     check_request,
-    is_custom_env,
     overridden_run_settings,
     run_env_config,
     run_env_overrides,
@@ -130,24 +130,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
 
     check_request(req)
     run_env, run_cfg = run_env_config(req.policy)
-    if req.env is None:  # a training run names its own env type
-        if run_env.get("type") not in FAMILIES and not is_custom_env(run_env.get("type")):
-            raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
-                            "--policy is a training run.")
-        print(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).",
-              file=sys.stderr)
-        req = dataclasses.replace(req, env=str(run_env["type"]))
-    if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
-            and run_env.get("type", req.env) == req.env):
-        print(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).",
-              file=sys.stderr)
-        req = dataclasses.replace(req, suite=str(run_env["suite"]))
-    if (req.task is None and req.suite is None
-            and (req.env in ("gym", "maniskill") or is_custom_env(req.env))
-            and run_env.get("env_id") and run_env.get("type", req.env) == req.env):
-        print(f"eval: --task {run_env['env_id']} (the env_id of the policy's run, {run_cfg}).",
-              file=sys.stderr)
-        req = dataclasses.replace(req, task=str(run_env["env_id"]))
+    req = adopt_run_env(req, run_env, run_cfg, FAMILIES)
     protocol = resolve_protocol(req)
     if req.run_trials:  # the trials of the run's in-training evaluation
         protocol = protocol.with_overrides(**run_trials_overrides(req))

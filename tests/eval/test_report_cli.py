@@ -58,6 +58,15 @@ def test_compare_pairs_and_refuses_other_protocols(tmp_path):
     assert compare(a, other, force=True).warnings[0].startswith("forced: different protocols")
     out = runner.invoke(eval_app, ["compare", str(a.path), str(other.path)])
     assert out.exit_code == 2 and "different protocols" in out.output
+    # the same protocol with another step limit: the re-run's flag is named, with its value
+    short = _results(tmp_path / "s.json", protocol_id="openvla_v1@v1+max_steps", fp="ghi")
+    for r, steps in ((a, 220), (short, 40)):
+        r.header["protocol"].update(name="openvla_v1", max_steps={"libero_spatial": steps})
+        r.save()
+    with pytest.raises(CompareError, match=r"Both are openvla_v1 with other max_steps: re-run "
+                       r"the evaluation of s.json with --max-steps 220 \(as a.json\) or that of "
+                       r"a.json with --max-steps 40 \(as s.json\)"):
+        compare(a, short)
     out = runner.invoke(eval_app, ["compare", str(a.path), str(b.path)])
     assert out.exit_code == 0 and "McNemar" in out.output and "0.125 (exact)" in out.output
     out = runner.invoke(eval_app, ["compare", str(a.path), str(tmp_path / "missing.json")])
@@ -260,3 +269,22 @@ def test_run_on_a_user_env_type_is_evaluated_with_its_settings(tmp_path):
     res = runner.invoke(eval_app, ["--env", "gymm", "--task", "x", "--policy", "random",
                                    "-o", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "valid: gym, libero, maniskill, or a package.module:Class" in res.output
+
+
+def test_a_suite_run_is_evaluated_on_its_own_tasks_unless_the_suite_is_named():
+    from rlinf_embodied.eval.families import FAMILIES
+    from rlinf_embodied.eval.request import EvalRequest, adopt_run_env
+
+    run_env = {"type": "maniskill", "suite": "maniskill_lang3", "task_ids": [0, 1]}
+    said = []
+    req = adopt_run_env(EvalRequest(env=None, policy="run"), run_env, "run/config.yaml", FAMILIES, said.append)
+    assert (req.env, req.suite, req.tasks, req.task) == ("maniskill", "maniskill_lang3", [0, 1], None)
+    assert said[-1].startswith("eval: --tasks 0,1 (the tasks the policy's run trained on; "
+                               "--suite maniskill_lang3 evaluates every task)")
+    # an explicit --suite (or --tasks) is the user's choice
+    req = adopt_run_env(EvalRequest(env=None, policy="run", suite="maniskill_lang3"), run_env, "c", FAMILIES, said.append)
+    assert req.tasks is None
+    req = adopt_run_env(EvalRequest(env=None, policy="run", tasks=[2]), run_env, "c", FAMILIES, said.append)
+    assert req.tasks == [2]
+    with pytest.raises(Exception, match="--env is required"):
+        adopt_run_env(EvalRequest(env=None, policy="x"), {}, None, FAMILIES, said.append)
