@@ -6,7 +6,6 @@ import a simulator or a large model.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from rlinf_embodied import __version__
+from rlinf_embodied.runners.errors import short_error, start_hint
 
 app = typer.Typer(
     help="RL fine-tuning of robot policies in simulators (ManiSkill3, LIBERO, gymnasium).",
@@ -352,7 +352,7 @@ def train(
         from rlinf_embodied.reasoning.cli import train_reasoning
 
         try:
-            code = train_reasoning(config, overrides, _fail, _short_error, signals)
+            code = train_reasoning(config, overrides, _fail, short_error, signals)
         finally:
             signals.restore()
         raise typer.Exit(code)
@@ -405,13 +405,13 @@ def train(
             _report_saved(None, run_dir, "interrupted")
             raise typer.Exit(130)
         except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
-            _fail(_short_error(e) + _start_hint(e), code=1)
+            _fail(short_error(e) + start_hint(e), code=1)
         try:
             runner.run()
         except KeyboardInterrupt:  # a Ctrl-C while the workers shut down
             runner.interrupted = True
         except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
-            typer.secho(f"error: {_short_error(e)}", fg=typer.colors.RED, err=True)
+            typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
             _report_saved(runner, run_dir, "failed")
             raise typer.Exit(1)
         aborted = signals.aborted or runner.signals.aborted
@@ -421,25 +421,6 @@ def train(
             raise typer.Exit(130)
     finally:
         signals.restore()
-
-
-def _start_hint(e: Exception) -> str:
-    """What to do about a failed start that is not the job's fault: Ray's embedded cluster
-    timing out on a busy machine (its raylet or GCS did not come up in time)."""
-    if "timed out during startup" not in str(e):
-        return ""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"\n  Ray could not start its local cluster in time (1-minute load average {load:.1f} "
-            f"on {os.cpu_count()} cores); run the same command again when the machine is less "
-            f"busy.")
-
-
-def _short_error(e: Exception) -> str:
-    """The message of a (remote) error without the traceback: its first and last lines."""
-    text = str(e).strip().splitlines()
-    last = next((ln for ln in reversed(text) if ln.strip()), "")
-    head = text[0] if text else type(e).__name__
-    return head if last in head else f"{head}\n  {last}"
 
 
 @app.command()

@@ -493,7 +493,7 @@ def test_eval_env_override_sets_and_records_env_settings(tmp_path):
 
 
 def test_a_ray_start_timeout_says_to_retry():
-    from rlinf_embodied.cli import _start_hint
+    from rlinf_embodied.runners.errors import start_hint as _start_hint
 
     hint = _start_hint(Exception("The current node timed out during startup. This could happen "
                                  "because some of the raylet failed to startup"))

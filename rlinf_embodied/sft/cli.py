@@ -27,10 +27,15 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _interrupted(cfg, config: str) -> None:
-    """After a Ctrl-C in any stage: what the finished stages left and which command goes on
-    from it; exits 130."""
+def _interrupted(cfg, config: str, error: BaseException | None = None) -> None:
+    """After a Ctrl-C (or, with ``error``, a failure such as Ray not starting) in any stage:
+    what the finished stages left and which command goes on from it; exits 130 (1)."""
     from pathlib import Path
+
+    if error is not None:
+        from rlinf_embodied.runners.errors import short_error, start_hint
+
+        typer.secho(f"error: {short_error(error)}{start_hint(error)}", fg=typer.colors.RED, err=True)
 
     run = cfg.run_dir()
     demos = Path(cfg.demos.dir)
@@ -45,11 +50,12 @@ def _interrupted(cfg, config: str) -> None:
     if rl_ckpts.is_dir() and any(rl_ckpts.glob("iter_*")):
         lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
                      "continues the RL run)")
+    how = "failed" if error is not None else "interrupted"
     if lines:
-        typer.echo("interrupted; saved: " + "; ".join(lines) + ".")
+        typer.echo(f"{how}; saved: " + "; ".join(lines) + ".")
     else:
-        typer.echo(f"interrupted before any stage finished: nothing was saved under {run}.")
-    raise typer.Exit(130)
+        typer.echo(f"{how} before any stage finished: nothing was saved under {run}.")
+    raise typer.Exit(1 if error is not None else 130)
 
 
 def _passive_omp() -> None:
@@ -132,6 +138,8 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
         _fail(str(e), code=3)
     except KeyboardInterrupt:
         _interrupted(cfg, config)
+    except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
+        _interrupted(cfg, config, e)
     typer.echo(json.dumps(summarize(cfg)))
 
 
@@ -152,6 +160,8 @@ def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> N
         _fail(str(e), code=1)
     except KeyboardInterrupt:
         _interrupted(cfg, config)
+    except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
+        _interrupted(cfg, config, e)
     typer.echo(json.dumps(out))
 
 

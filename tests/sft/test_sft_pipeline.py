@@ -188,3 +188,13 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     assert f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'} (`rlinf-embodied finetune {config}`" in text
     assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
     assert "Traceback" not in r.output
+
+    def ray_did_not_start(*a, **k):
+        raise RuntimeError("The current node timed out during startup. This could happen because "
+                           "some of the Ray processes failed to startup.")
+
+    monkeypatch.setattr(pipeline_module, "run_rl", ray_did_not_start)
+    r = CliRunner().invoke(app, args)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 1 and "error: The current node timed out during startup" in text, r.output
+    assert "Ray could not start its local cluster in time" in text and "failed; saved:" in text
