@@ -41,10 +41,17 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
     """Parse an SFT pipeline YAML (strict, like every job file).
 
     Raises:
-        rlinf_embodied.config.ConfigError: invalid file or override.
+        rlinf_embodied.config.ConfigError: invalid file or override; an ``env.num_envs``
+            override, which no stage reads (it was silently ignored).
     """
-    from rlinf_embodied.config import load_config
+    from rlinf_embodied.config import ConfigError, load_config
 
+    for o in overrides or []:
+        if o.split("=", 1)[0].strip() == "env.num_envs":
+            raise ConfigError(
+                f"{o}: no pipeline stage reads env.num_envs (the SFT evaluation and the gate run "
+                "eval.num_envs envs, the RL stage its rl.config's); set eval.num_envs=N, or "
+                "rl.overrides=[env.num_envs=N] for RL (a multiple of algorithm.group_size).")
     return load_config(path, overrides or [], schema=SFTJobConfig)
 
 

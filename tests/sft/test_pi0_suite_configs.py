@@ -29,6 +29,8 @@ def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
     with pytest.raises(ConfigError, match=r"policy\.action_horizon is 8 in the SFT config but 10"):
         validate_rl_stage(cfg, ["policy.action_horizon=10"])
     # a shrunk RL stage whose env count breaks the groups: the fix is named where it goes
+    with pytest.raises(ConfigError, match=r"env.num_envs=64: no pipeline stage reads env.num_envs.*rl.overrides=\[env.num_envs=N\]"):
+        load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{family}.yaml", ["env.num_envs=64"])
     with pytest.raises(ConfigError, match=r"The RL stage \(rl.config maniskill_lang3_grpo_pi0\w*_finetune, with its own env.*multiple of algorithm.group_size=8 \(got 4\).*Set it in rl.overrides"):
         validate_rl_stage(cfg, ["env.num_envs=4", "algorithm.group_size=8"])
 
