@@ -332,7 +332,7 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     state["wall_s"] = time.perf_counter() - t0
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
-    ckpt = best if best.is_dir() else rl_dir
+    ckpt = best if cfg.eval.rl_checkpoint == "best" and best.is_dir() else rl_dir  # rl_dir: latest
     log(f"rl: {state['iteration']} iterations, {state['env_steps']:,} env steps; evaluating "
         f"{ckpt} on the SFT evaluation's {cfg.eval.episodes} held-out trials")
     t0 = time.perf_counter()

@@ -70,3 +70,12 @@ def test_rl_stage_reward_and_time_limits_survive_rl_overrides(name, tmp_path):
     # the MLP pipeline keeps its env's reward for RL (no rl.reward_mode)
     mlp = load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", [f"run.dir={tmp_path}"])
     assert mlp.rl.reward_mode is None and rl_job_config(mlp).env.reward_mode == mlp.env.reward_mode
+
+
+def test_the_rl_checkpoint_to_evaluate_is_latest_or_best():
+    cfg = load_sft_config("configs/sft/maniskill_lang3_sft_rl_oft.yaml")
+    assert cfg.eval.rl_checkpoint == "latest"
+    assert load_sft_config("configs/sft/maniskill_lang3_sft_rl_oft.yaml",
+                           ["eval.rl_checkpoint=best"]).eval.rl_checkpoint == "best"
+    with pytest.raises(ConfigError, match="eval.rl_checkpoint must be latest or best"):
+        load_sft_config("configs/sft/maniskill_lang3_sft_rl_oft.yaml", ["eval.rl_checkpoint=final"])
