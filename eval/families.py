@@ -299,14 +299,23 @@ class _CustomFamily(_SeededFamily):
     name = "custom"
 
     def __init__(self, req: EvalRequest, protocol: Protocol):
-        if not req.task:
-            req = dataclasses.replace(req, task=req.env)
+        self.req = req
+        if not req.task:  # the class's own default env_id, else only a name
+            default = {f.name: f.default for f in dataclasses.fields(self.config_class())}.get("env_id")
+            req = dataclasses.replace(req, task=default if isinstance(default, str) and default else req.env)
         super().__init__(req, protocol)
 
     def config_class(self) -> type:
         from rlinf_embodied.config import ConfigError, config_class
+        from rlinf_embodied.config.components import impl_class
+        from rlinf_embodied.envs.base import BatchedEnv
 
         try:
+            cls = impl_class("env", self.req.env)
+            if not (isinstance(cls, type) and issubclass(cls, BatchedEnv)):
+                raise EvalError(f"--env {self.req.env} is not an env class (a BatchedEnv "
+                                "subclass such as a GymnasiumEnv); pass libero, maniskill, gym "
+                                "or your env's package.module:Class.")
             return config_class("env", self.req.env)
         except ConfigError as e:
             raise EvalError(f"--env {self.req.env}: {e}") from None

@@ -305,9 +305,9 @@ other's flags."""
 
 
 def _protocol_flag_advice(pa: dict, pb: dict, diff: list, name_a: str, name_b: str) -> str:
-    """The re-run that makes two results of the same protocol comparable, as ``eval`` flags;
-    "" when they are different protocols or a differing value has no flag (e.g. a native
-    image size)."""
+    """The re-run that makes two results of the same protocol comparable, as ``eval`` flags
+    (with a value, or without the flag where one result used the protocol's own value); ""
+    when they are different protocols or a differing value has no single flag."""
     if pa.get("name") is None or pa.get("name") != pb.get("name") or not diff:
         return ""
     if not set(diff) <= set(PROTOCOL_FLAGS):
@@ -318,19 +318,18 @@ def _protocol_flag_advice(pa: dict, pb: dict, diff: list, name_a: str, name_b: s
         for key in diff:
             v = p.get(key)
             if isinstance(v, dict):  # max_steps per task / suite: one flag sets them all
-                if len(set(v.values())) != 1:
+                if len(set(v.values())) > 1:
                     return None
-                v = next(iter(v.values()))
-            if v is None:
-                return None
-            out.append(f"{PROTOCOL_FLAGS[key]} {v}")
-        return " ".join(out)
+                v = next(iter(v.values()), None)
+            # unset: the protocol's or env's own value, which the flag's absence gives
+            out.append(f"without {PROTOCOL_FLAGS[key]}" if v is None else f"with {PROTOCOL_FLAGS[key]} {v}")
+        return " and ".join(out)
 
     fa, fb = flags(pa), flags(pb)
     if fa is None or fb is None:
         return ""
     return (f"Both are {pa['name']} with other {', '.join(diff)}: re-run the evaluation of "
-            f"{name_b} with {fa} (as {name_a}) or that of {name_a} with {fb} (as {name_b}), "
+            f"{name_b} {fa} (as {name_a}) or that of {name_a} {fb} (as {name_b}), "
             "or pass --force to compare anyway.")
 
 

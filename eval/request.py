@@ -288,12 +288,10 @@ none: its protocol fixes the image size. The gym settings belong to one env, so 
 only when ``--task`` is the run's ``env.env_id``."""
 
 
-CUSTOM_ENV_RUN_KEYS_SKIPPED = ("type", "env_id", "num_envs", "num_processes", "vectorization",
-                               "seed", "max_episode_steps", "ignore_terminations",
-                               "ignore_terminations_fraction", "success_hold_steps",
-                               "success_hold_ramp")
-"""A user's env type (``module:Class``) takes every setting of the run's env section but these,
-which the evaluation sets (counts, seeds, limits and the protocol's episode end)."""
+CUSTOM_ENV_RUN_KEYS_SKIPPED = ("type", "env_id", "vectorization")
+"""A user's env type (``module:Class``) takes the run's settings of its own config class's
+fields, except these and every field of the base ``EnvConfig`` (env counts, seeds, step limit,
+episode end, video, timeouts: what the evaluation sets)."""
 
 
 def is_custom_env(env: Optional[str]) -> bool:
@@ -311,7 +309,12 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     if (req.env == "gym" or is_custom_env(req.env)) and run_env.get("env_id", req.task) != req.task:
         return {}
     if is_custom_env(req.env):
-        keys = tuple(k for k in run_env if k not in CUSTOM_ENV_RUN_KEYS_SKIPPED)
+        from dataclasses import fields
+
+        from rlinf_embodied.config import EnvConfig
+
+        base = {f.name for f in fields(EnvConfig)}
+        keys = tuple(k for k in run_env if k not in CUSTOM_ENV_RUN_KEYS_SKIPPED and k not in base)
     else:
         keys = RUN_ENV_KEYS.get(req.env, ())
     keys += RUN_TRIAL_ENV_KEYS if req.run_trials else ()

@@ -141,6 +141,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
               "the results' env_config.", file=sys.stderr)
         req = dataclasses.replace(req, env_overrides={**adopted, **req.env_overrides})
     family = family_class(req.env)(req, protocol)
+    req = family.req  # a family may fill in what the request left unset (a custom env's env_id)
     obs_mode = auto_obs_mode(req)
     mismatches = warn_versions(protocol)
     pairs = all_pairs(family.tasks(), protocol.trials_per_task)

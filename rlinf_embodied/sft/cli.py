@@ -27,7 +27,8 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _interrupted(cfg, config: str, error: BaseException | None = None) -> None:
+def _interrupted(cfg, config: str, error: BaseException | None = None,
+                 overrides: list[str] | None = None) -> None:
     """After a Ctrl-C (or, with ``error``, a failure such as Ray not starting) in any stage:
     what the finished stages left and which command goes on from it; exits 130 (1)."""
     from pathlib import Path
@@ -43,9 +44,11 @@ def _interrupted(cfg, config: str, error: BaseException | None = None) -> None:
     if demos.is_dir() and any(demos.rglob("*.h5")):
         lines.append(f"demos in {demos} (reused by `sft` / `sft-rl`)")
     sft = run / "sft" / ("vla" if (run / "sft" / "vla").is_dir() else "policy")
-    if sft.is_dir():
-        lines.append(f"the SFT checkpoint {sft} (`rlinf-embodied finetune {config}` runs the "
-                     "gate and RL from it)")
+    if (run / "sft" / "sft_record.json").is_file():  # written after the SFT evaluation
+        import shlex
+
+        command = shlex.join(["rlinf-embodied", "finetune", config, *(overrides or [])])
+        lines.append(f"the SFT checkpoint {sft} (`{command}` runs the gate and RL from it)")
     rl_ckpts = run / "rl" / "checkpoints"
     if rl_ckpts.is_dir() and any(rl_ckpts.glob("iter_*")):
         lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
@@ -102,7 +105,7 @@ def demos(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
     except DemoError as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config)
+        _interrupted(cfg, config, overrides=overrides)
     typer.echo(f"demos: {path}")
 
 
@@ -116,7 +119,7 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config)
+        _interrupted(cfg, config, overrides=overrides)
     typer.echo(json.dumps(out["evaluation"]))
 
 
@@ -137,9 +140,9 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
     except GateError as e:
         _fail(str(e), code=3)
     except KeyboardInterrupt:
-        _interrupted(cfg, config)
+        _interrupted(cfg, config, overrides=overrides)
     except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
-        _interrupted(cfg, config, e)
+        _interrupted(cfg, config, e, overrides)
     typer.echo(json.dumps(summarize(cfg)))
 
 
@@ -159,9 +162,9 @@ def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> N
     except DemoError as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config)
+        _interrupted(cfg, config, overrides=overrides)
     except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
-        _interrupted(cfg, config, e)
+        _interrupted(cfg, config, e, overrides)
     typer.echo(json.dumps(out))
 
 

@@ -313,6 +313,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
 
     Raises:
         rlinf_embodied.sft.gate.GateError: the gate refused the SFT checkpoint.
+        KeyboardInterrupt: the RL run was stopped by Ctrl-C (its checkpoint is saved; the
+            command says how to go on).
     """
     from rlinf_embodied.runners.embodied import EmbodiedRunner
     from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint
@@ -328,7 +330,10 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     gate["wall_s"] = time.perf_counter() - t0
     atomic_write_json(rl_dir / "gate.json", gate)
     t0 = time.perf_counter()
-    state = EmbodiedRunner(job, rl_dir).run()
+    runner = EmbodiedRunner(job, rl_dir)
+    state = runner.run()
+    if runner.interrupted:  # Ctrl-C: the runner saved a checkpoint; no evaluation, no summary
+        raise KeyboardInterrupt
     state["wall_s"] = time.perf_counter() - t0
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"

@@ -67,6 +67,11 @@ def test_compare_pairs_and_refuses_other_protocols(tmp_path):
                        r"the evaluation of s.json with --max-steps 220 \(as a.json\) or that of "
                        r"a.json with --max-steps 40 \(as s.json\)"):
         compare(a, short)
+    a.header["protocol"]["max_steps"] = {}  # the env's registered limit: no flag given
+    a.save()
+    with pytest.raises(CompareError, match=r"re-run the evaluation of s.json without --max-steps "
+                       r"\(as a.json\) or that of a.json with --max-steps 40 \(as s.json\)"):
+        compare(a, short)
     out = runner.invoke(eval_app, ["compare", str(a.path), str(b.path)])
     assert out.exit_code == 0 and "McNemar" in out.output and "0.125 (exact)" in out.output
     out = runner.invoke(eval_app, ["compare", str(a.path), str(tmp_path / "missing.json")])
@@ -252,7 +257,8 @@ def test_run_on_a_user_env_type_is_evaluated_with_its_settings(tmp_path):
     run.mkdir()
     (run / "config.yaml").write_text(
         f"env: {{type: '{env_type}', env_id: toy/PointReach-v0, goal_radius: 0.3, num_envs: 64, "
-        "max_episode_steps: 20}\n")
+        "max_episode_steps: 20, video: false, video_dir: videos, seed: 3, num_processes: 2, "
+        "vectorization: async, kwargs: {}}\n")  # as a run writes it: the whole env section
     spec = SpaceSpec(action_low=[-1.0, -1.0], action_high=[1.0, 1.0], state_dim=4)
     with checkpoint_dir(run, "iter_000001") as d:
         save_policy(build_policy(MLPPolicyConfig(hidden_sizes=[8]), spec), d / "policy")
@@ -265,6 +271,15 @@ def test_run_on_a_user_env_type_is_evaluated_with_its_settings(tmp_path):
     assert results.header["env"] == env_type and len(results.episodes) == 3
     assert results.header["env_config"]["goal_radius"] == 0.3  # the run's own setting
     assert results.header["env_config"]["max_episode_steps"] == 20
+    # another env class of the user's: its own default env_id; a policy class is no env
+    res = runner.invoke(eval_app, ["--policy", str(run), "--env", "tests.plugins.lab_components:CameraReachEnv",
+                                   "--trials-per-task", "2", "--num-envs", "2", "--num-processes",
+                                   "0", "-o", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output  # its states are the 4-d ones the MLP reads
+    assert ResultsFile.load(tmp_path / "c.json").header["env_config"]["env_id"] == "toy/PointReach-v0"
+    res = runner.invoke(eval_app, ["--policy", "random", "--env", "tests.plugins.lab_components:ScaledMLPPolicy",
+                                   "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and "is not an env class" in res.output, res.output
     # an --env that is neither a family nor a module:Class names both
     res = runner.invoke(eval_app, ["--env", "gymm", "--task", "x", "--policy", "random",
                                    "-o", str(tmp_path / "x.json")])

@@ -180,12 +180,17 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 130, r.output
     assert "interrupted before any stage finished: nothing was saved" in r.output
-    (tmp_path / "run" / "sft" / "policy").mkdir(parents=True)
+    (tmp_path / "run" / "sft" / "policy").mkdir(parents=True)  # saved, not yet evaluated
+    r = CliRunner().invoke(app, args)
+    assert "nothing was saved" in r.output and "SFT checkpoint" not in r.output
+    (tmp_path / "run" / "sft" / "sft_record.json").write_text("{}")
     (tmp_path / "run" / "rl" / "checkpoints" / "iter_000002").mkdir(parents=True)
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 130, r.output
     text = " ".join(r.output.split())
-    assert f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'} (`rlinf-embodied finetune {config}`" in text
+    # the command to go on carries the overrides given
+    assert (f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'} (`rlinf-embodied finetune {config} "
+            f"run.dir={tmp_path / 'run'} demos.dir={tmp_path / 'demos'}` runs the gate") in text
     assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
     assert "Traceback" not in r.output
 
@@ -198,3 +203,24 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     text = " ".join(r.output.split())
     assert r.exit_code == 1 and "error: The current node timed out during startup" in text, r.output
     assert "Ray could not start its local cluster in time" in text and "failed; saved:" in text
+
+
+def test_an_interrupted_rl_stage_is_not_evaluated_as_finished(tmp_path, monkeypatch):
+    import rlinf_embodied.runners.embodied as embodied
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.sft.pipeline import load_sft_config, run_rl
+
+    class StoppedRunner:  # what EmbodiedRunner.run leaves after a Ctrl-C: a checkpoint saved
+        def __init__(self, job, run_dir):
+            self.interrupted = False
+
+        def run(self):
+            self.interrupted = True
+            return {"iteration": 3, "env_steps": 96}
+
+    monkeypatch.setattr(embodied, "EmbodiedRunner", StoppedRunner)
+    monkeypatch.setattr(gate, "check_gate", lambda *a, **k: {"passed": True})
+    cfg = load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", [f"run.dir={tmp_path}"])
+    with pytest.raises(KeyboardInterrupt):
+        run_rl(cfg, log=lambda *_: None)
+    assert not (tmp_path / "rl" / "final_eval.json").exists()
