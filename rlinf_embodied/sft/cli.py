@@ -27,7 +27,7 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _interrupted(cfg, config: str, error: BaseException | None = None,
+def _stopped(cfg, config: str, error: BaseException | None = None,
                  overrides: list[str] | None = None) -> None:
     """After a Ctrl-C (or, with ``error``, a failure such as Ray not starting) in any stage:
     what the finished stages left and which command goes on from it; exits 130 (1)."""
@@ -105,7 +105,7 @@ def demos(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
     except DemoError as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config, overrides=overrides)
+        _stopped(cfg, config, overrides=overrides)
     typer.echo(f"demos: {path}")
 
 
@@ -119,7 +119,7 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config, overrides=overrides)
+        _stopped(cfg, config, overrides=overrides)
     typer.echo(json.dumps(out["evaluation"]))
 
 
@@ -140,9 +140,9 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) ->
     except GateError as e:
         _fail(str(e), code=3)
     except KeyboardInterrupt:
-        _interrupted(cfg, config, overrides=overrides)
+        _stopped(cfg, config, overrides=overrides)
     except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
-        _interrupted(cfg, config, e, overrides)
+        _stopped(cfg, config, e, overrides)
     typer.echo(json.dumps(summarize(cfg)))
 
 
@@ -162,9 +162,9 @@ def sft_rl(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> N
     except DemoError as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _interrupted(cfg, config, overrides=overrides)
+        _stopped(cfg, config, overrides=overrides)
     except Exception as e:  # noqa: BLE001 - e.g. Ray did not start: one line, then what is saved
-        _interrupted(cfg, config, e, overrides)
+        _stopped(cfg, config, e, overrides)
     typer.echo(json.dumps(out))
 
 
