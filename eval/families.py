@@ -287,10 +287,13 @@ class _GymFamily(_SeededFamily):
                       ignore_terminations=self.protocol.ignore_terminations,
                       max_episode_steps=self.max_steps(), seed=self.config_seed())
         values.update(self.req.env_overrides)
+        return self._make_config(values)
+
+    def _make_config(self, values: Dict[str, Any]) -> Any:
         return self.config_class()(**values)
 
 
-class _CustomFamily(_SeededFamily):
+class _CustomFamily(_GymFamily):
     """A user's env type (``--env package.module:Class``, a run's ``env.type``): seeded like
     gymnasium (trial i resets with seed ``protocol.env_seed + i``; the ``gym`` protocols), its
     EnvConfig the class's own ``config_class``; ``--task`` is its ``env_id`` where the config
@@ -320,18 +323,14 @@ class _CustomFamily(_SeededFamily):
         except ConfigError as e:
             raise EvalError(f"--env {self.req.env}: {e}") from None
 
-    def env_config(self, num_envs: int, num_processes: int, obs_mode: str,
-                   first: Sequence[Pair]) -> Any:
+    def _make_config(self, values: Dict[str, Any]) -> Any:
+        """gym's settings, for the fields the class's config has (``env_id`` only where the
+        task is one, not the class's name)."""
         cls = self.config_class()
         names = {f.name for f in dataclasses.fields(cls)}
-        values = dict(type=self.req.env, num_envs=num_envs, num_processes=num_processes,
-                      ignore_terminations=self.protocol.ignore_terminations,
-                      max_episode_steps=self.max_steps(), seed=self.config_seed())
-        if "env_id" in names and self.req.task != self.req.env:
-            values["env_id"] = self.req.task
-        if "vectorization" in names:
-            values["vectorization"] = "async" if num_processes > 0 else "sync"
-        values.update(self.req.env_overrides)
+        if self.req.task == self.req.env and "env_id" not in self.req.env_overrides:
+            values.pop("env_id")
+        values["type"] = self.req.env
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
@@ -356,7 +355,7 @@ def family_class(env: str) -> type:
 
 def protocol_env(env: str) -> str:
     """The family whose protocols an ``--env`` value uses (a custom env type: ``gym``'s)."""
-    return "gym" if is_custom_env(env) and env not in FAMILIES else env
+    return "gym" if is_custom_env(env) else env
 
 
 # --------------------------------------------------------------------------------------------
