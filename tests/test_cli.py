@@ -102,6 +102,8 @@ def test_config_show_rejects_what_train_would_reject_later():
         # whole GRPO groups, checked before any placement is known (placement=auto)
         (["configs/maniskill_pushcube_grpo_mlp.yaml", "env.num_envs=10", "placement=auto"],
          "Set env.num_envs to a multiple of algorithm.group_size=4 (got 10)"),
+        (["configs/maniskill_pushcube_grpo_mlp.yaml", "algorithm.group_size=1"],
+         "algorithm.group_size=1 with GRPO: a group of one rollout has advantage 0"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
          "Config file not found: nope_config"),

@@ -50,9 +50,16 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
         command = shlex.join(["rlinf-embodied", "finetune", config, *(overrides or [])])
         lines.append(f"the SFT checkpoint {sft} (`{command}` runs the gate and RL from it)")
     rl_ckpts = run / "rl" / "checkpoints"
-    if rl_ckpts.is_dir() and any(rl_ckpts.glob("iter_*")):
+    ckpts = list(rl_ckpts.glob("iter_*")) if rl_ckpts.is_dir() else []
+    import psutil
+
+    started = psutil.Process().create_time()  # this command's start: older ones are a past run's
+    if any(p.stat().st_mtime >= started for p in ckpts):
         lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
                      "continues the RL run)")
+    elif ckpts:
+        lines.append(f"no RL checkpoint of this command (those in {rl_ckpts} are an earlier "
+                     "run's)")
     how = "failed" if error is not None else "interrupted"
     if lines:
         typer.echo(f"{how}; saved: " + "; ".join(lines) + ".")

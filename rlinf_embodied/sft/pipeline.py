@@ -37,22 +37,69 @@ _VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wri
                   "max_token_len")
 
 
+#: Env fields no pipeline stage reads from the pipeline's ``env`` section (the demos, the SFT
+#: evaluation and the gate run fixed-length protocol episodes with ``demos.processes`` /
+#: ``eval.num_envs`` / ``eval.num_processes``; the RL stage takes these from ``rl.config``):
+#: an override of one would be silently ignored.
+_UNREAD_ENV = ("num_envs", "num_processes", "seed", "ignore_terminations",
+               "ignore_terminations_fraction", "success_hold_steps", "success_hold_ramp",
+               "autoreset_mode", "video", "video_dir")
+
+
 def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConfig:
     """Parse an SFT pipeline YAML (strict, like every job file).
 
     Raises:
-        rlinf_embodied.config.ConfigError: invalid file or override; an ``env.num_envs``
-            override, which no stage reads (it was silently ignored).
+        rlinf_embodied.config.ConfigError: invalid file or override; overrides that change an
+            env field no stage reads (:data:`_UNREAD_ENV`: it would be silently ignored),
+            however written (``env.num_envs=4``, ``'env={num_envs: 4}'``).
     """
     from rlinf_embodied.config import ConfigError, load_config
 
-    for o in overrides or []:
-        if o.split("=", 1)[0].strip() == "env.num_envs":
+    cfg = load_config(path, overrides or [], schema=SFTJobConfig)
+    if overrides:
+        base = load_config(path, [], schema=SFTJobConfig).env
+        changed = [k for k in _UNREAD_ENV
+                   if getattr(cfg.env, k, None) != getattr(base, k, None)]
+        if changed:
+            fix = ",".join(f"env.{k}={getattr(cfg.env, k)}" for k in changed)
+            notes = []
+            if "num_envs" in changed:
+                notes.append("env.num_envs a multiple of algorithm.group_size")
+            if {"num_envs", "num_processes"} & set(changed):
+                notes.append("the SFT evaluation and the gate use eval.num_envs / "
+                             "eval.num_processes")
             raise ConfigError(
-                f"{o}: no pipeline stage reads env.num_envs (the SFT evaluation and the gate run "
-                "eval.num_envs envs, the RL stage its rl.config's); set eval.num_envs=N, or "
-                "rl.overrides=[env.num_envs=N] for RL (a multiple of algorithm.group_size).")
-    return load_config(path, overrides or [], schema=SFTJobConfig)
+                f"{fix}: no pipeline stage reads {'it' if len(changed) == 1 else 'them'} from "
+                f"the pipeline's env section; set rl.overrides=[{fix}] for the RL stage"
+                + (f" ({'; '.join(notes)})" if notes else "") + ".")
+    return cfg
+
+
+def _recorded(path: Path, suite: bool) -> int:
+    """Demos recorded in a converted file: its planned episodes for a suite (trajectories.json
+    beside it; a few plans may fail to replay in the policy's controller, so the converted
+    file can hold fewer), else the file's own episodes."""
+    plans = path.parent / "trajectories.json"
+    meta = plans if suite and plans.is_file() else path.with_suffix(".json")
+    return len(json.loads(meta.read_text())["episodes"])
+
+
+def _check_demo_count(cfg: SFTJobConfig, files: dict[str, Path], suite: bool) -> None:
+    """Refuse to train on fewer recorded demos than ``demos.num_trajectories`` (a smaller set,
+    e.g. a smoke run's, left in a shared ``demos.dir``).
+
+    Raises:
+        ValueError: naming the counts and both fixes.
+    """
+    short = {name: n for name, p in files.items()
+             if (n := _recorded(p, suite)) < cfg.demos.num_trajectories}
+    if short:
+        counts = ", ".join(f"{name}: {n}" for name, n in short.items())
+        raise ValueError(
+            f"demos.num_trajectories={cfg.demos.num_trajectories} but {cfg.demos.dir} holds fewer "
+            f"({counts}); run `rlinf-embodied demos CONFIG.yaml` to record the rest, or set "
+            f"demos.num_trajectories={min(short.values())} to train on what is there.")
 
 
 def run_demos(cfg: SFTJobConfig, log=print, force: bool = False) -> Path:
@@ -65,11 +112,9 @@ def run_demos(cfg: SFTJobConfig, log=print, force: bool = False) -> Path:
     if getattr(e, "suite", None) is not None:
         return _run_suite_demos(cfg, log, force)
     found = find_demos(cfg.demos.dir, e.env_id, e.control_mode, e.obs_mode)
-    if found is not None and not force:
-        meta = json.loads(found.with_suffix(".json").read_text())
-        if len(meta["episodes"]) >= cfg.demos.num_trajectories:
-            log(f"demos: using {found} ({len(meta['episodes'])} episodes)")
-            return found
+    if found is not None and not force and (n := _recorded(found, False)) >= cfg.demos.num_trajectories:
+        log(f"demos: using {found} ({n} episodes)")
+        return found
     demo = generate_demos(e.env_id, cfg.demos.dir, cfg.demos.num_trajectories,
                           control_mode=e.control_mode, obs_mode=e.obs_mode,
                           reward_mode=e.reward_mode, seed=cfg.demos.seed,
@@ -92,11 +137,8 @@ def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
     e, d = cfg.env, cfg.demos
     root = Path(d.dir) / e.suite
     found = find_suite_demos(d.dir, e, d.stride)
-    # plans are counted (trajectories.json): a few plans may fail to replay in the policy's
-    # controller, so the converted files can hold fewer episodes than were asked for
     if not force and len(found) == len(e.env_ids()) and all(
-            len(json.loads((p.parent / "trajectories.json").read_text())["episodes"]) >= d.num_trajectories
-            for p in found.values() if (p.parent / "trajectories.json").is_file()):
+            _recorded(p, True) >= d.num_trajectories for p in found.values()):
         log(f"demos: using {', '.join(str(p) for p in found.values())}")
         return root
     demo = generate_suite_demos(e, d.dir, d.num_trajectories, seed=d.seed,
@@ -112,6 +154,10 @@ def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
 
     Returns:
         ``{"checkpoint", "bc": metrics, "evaluation": {...rate, ci95...}}``.
+
+    Raises:
+        FileNotFoundError: no demos (run ``demos`` first).
+        ValueError: fewer demos recorded than ``demos.num_trajectories``.
     """
     if cfg.policy.type in VLA_TYPES:
         return run_vla_sft(cfg, log)
@@ -130,6 +176,7 @@ def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
             f"No {e.env_id} demos in {e.control_mode}/{e.obs_mode} under {cfg.demos.dir}; run "
             "`rlinf-embodied demos CONFIG.yaml` first."
         )
+    _check_demo_count(cfg, {e.env_id: path}, suite=False)
     data = DemoDataset(path, max_trajectories=cfg.demos.num_trajectories)
     log(f"sft: {data.num_trajectories} demos, {len(data)} transitions from {path}")
     spec = space_spec_of(e)
@@ -158,7 +205,8 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no demos for a task (run ``demos`` first).
-        ValueError: demos recorded for another suite, controller or image size.
+        ValueError: demos recorded for another suite, controller or image size, or fewer
+            than ``demos.num_trajectories`` of a task (:func:`_check_demo_count`).
     """
     import time
 
@@ -180,6 +228,7 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     if missing:
         raise FileNotFoundError(f"No {e.control_mode} {e.sensor_size} px RGB demos of {missing} under "
                                 f"{cfg.demos.dir}/{e.suite}; run `rlinf-embodied demos CONFIG.yaml` first.")
+    _check_demo_count(cfg, found, suite=True)
     data = RGBDemoDataset([found[t] for t in e.env_ids()], max_trajectories=cfg.demos.num_trajectories,
                           trim_idle_start=cfg.demos.trim_idle_start)
     data.check_env(e)

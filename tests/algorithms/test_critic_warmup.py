@@ -81,7 +81,7 @@ def test_warmup_needs_a_critic_and_fits_in_the_run():
     torch.manual_seed(0)
     spec = SpaceSpec(action_low=(-1.0,), action_high=(1.0,), state_dim=3)
     policy = build_policy(MLPPolicyConfig(hidden_sizes=[8], critic=False), spec)
-    cfg = load_config(None, ["policy.type=mlp", "algorithm.advantage=grpo",
+    cfg = load_config(None, ["policy.type=mlp", "algorithm.advantage=grpo", "algorithm.group_size=2",
                              "trainer.iterations=3", "trainer.critic_warmup_iterations=1"])
     with pytest.raises(ValueError, match="no critic parameters"):
         update_policy(policy, torch.optim.Adam(policy.parameters()), {}, cfg, iteration=0)

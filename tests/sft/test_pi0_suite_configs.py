@@ -29,8 +29,16 @@ def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
     with pytest.raises(ConfigError, match=r"policy\.action_horizon is 8 in the SFT config but 10"):
         validate_rl_stage(cfg, ["policy.action_horizon=10"])
     # a shrunk RL stage whose env count breaks the groups: the fix is named where it goes
-    with pytest.raises(ConfigError, match=r"env.num_envs=64: no pipeline stage reads env.num_envs.*rl.overrides=\[env.num_envs=N\]"):
-        load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{family}.yaml", ["env.num_envs=64"])
+    path = f"configs/sft/maniskill_lang3_sft_rl_{family}.yaml"
+    with pytest.raises(ConfigError, match=r"env.num_envs=64: no pipeline stage reads it.*"
+                                          r"set rl.overrides=\[env.num_envs=64\] for the RL stage"):
+        load_sft_config(path, ["env.num_envs=64"])
+    # however the override is written, and for every env field no stage reads
+    with pytest.raises(ConfigError, match=r"^env.num_envs=4,env.seed=3: no pipeline stage reads them"):
+        load_sft_config(path, ["env={num_envs: 4, seed: 3}"])
+    with pytest.raises(ConfigError, match=r"env.video=True: .*rl.overrides=\[env.video=True\] for the RL stage\.$"):
+        load_sft_config(path, ["env.video=true"])
+    assert load_sft_config(path, ["env.max_episode_steps=60"]).env.max_episode_steps == 60  # read
     with pytest.raises(ConfigError, match=r"The RL stage \(rl.config maniskill_lang3_grpo_pi0\w*_finetune, with its own env.*multiple of algorithm.group_size=8 \(got 4\).*Set it in rl.overrides"):
         validate_rl_stage(cfg, ["env.num_envs=4", "algorithm.group_size=8"])
 
@@ -62,7 +70,7 @@ def test_rl_stage_reward_and_time_limits_survive_rl_overrides(name, tmp_path):
 
     cfg = load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{name}.yaml", [
         f"run.dir={tmp_path}", "rl.overrides=[trainer.iterations=2]", "env.startup_timeout_s=1200"])
-    rl_reward = "sparse" if name == "oft" else "normalized_dense"  # OFT: SimpleVLA-RL's outcome
+    rl_reward = "sparse" if name in ("oft", "openvla") else "normalized_dense"  # SimpleVLA-RL's outcome
     assert cfg.env.reward_mode == "sparse" and cfg.rl.reward_mode == rl_reward
     job = rl_job_config(cfg)
     assert job.env.reward_mode == rl_reward and job.trainer.iterations == 2

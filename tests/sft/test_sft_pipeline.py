@@ -193,6 +193,14 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
             f"run.dir={tmp_path / 'run'} demos.dir={tmp_path / 'demos'}` runs the gate") in text
     assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
     assert "Traceback" not in r.output
+    # checkpoints older than this command are an earlier run's: not offered as this one's
+    import os
+
+    os.utime(tmp_path / "run" / "rl" / "checkpoints" / "iter_000002", (0, 0))
+    text = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "continues the RL run" not in text
+    assert (f"no RL checkpoint of this command (those in {tmp_path / 'run' / 'rl' / 'checkpoints'} "
+            "are an earlier run's)") in text
 
     def ray_did_not_start(*a, **k):
         raise RuntimeError("The current node timed out during startup. This could happen because "
@@ -224,3 +232,16 @@ def test_an_interrupted_rl_stage_is_not_evaluated_as_finished(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         run_rl(cfg, log=lambda *_: None)
     assert not (tmp_path / "rl" / "final_eval.json").exists()
+
+
+def test_sft_refuses_fewer_recorded_demos_than_asked_for(pipeline):
+    # a smaller (smoke) set left in a shared demos.dir must not be trained on silently
+    import dataclasses
+
+    from rlinf_embodied.sft.pipeline import run_sft
+
+    cfg, _, _ = pipeline
+    more = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, num_trajectories=5))
+    with pytest.raises(ValueError, match=r"demos.num_trajectories=5 but .* holds fewer "
+                                         r"\(PushCube-v1: 2\); run `rlinf-embodied demos"):
+        run_sft(more, log=lambda *_: None)
