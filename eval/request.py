@@ -229,7 +229,8 @@ def run_trials_overrides(req: EvalRequest) -> Dict[str, Any]:
 
     Raises:
         EvalError: ``req.policy`` is no training run (or a checkpoint inside one), or the run
-            is a LIBERO one, whose in-training evaluation picks stored initial states by seed
+            is a LIBERO one (ManiSkill, gymnasium and user env class (``module:Class``) runs
+            are reproduced), whose in-training evaluation picks stored initial states by seed
             while its protocols take state i for trial i.
     """
     data, path = run_config(req.policy)
@@ -238,10 +239,10 @@ def run_trials_overrides(req: EvalRequest) -> Dict[str, Any]:
                         f"checkpoint inside one) with its config.yaml; {req.policy} is none.")
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
     kind = env.get("type", req.env)
-    if kind not in ("maniskill", "gym"):
+    if kind not in ("maniskill", "gym") and not is_custom_env(kind):
         raise EvalError(
-            f"--run-trials reproduces the in-training evaluation of ManiSkill and gymnasium "
-            f"runs; {path.parent} is a {kind} run (a LIBERO run's in-training evaluation picks "
+            f"--run-trials reproduces the in-training evaluation of ManiSkill, gymnasium and "
+            f"user env class runs; {path.parent} is a {kind} run (a LIBERO run's in-training evaluation picks "
             "stored initial states by seed, the LIBERO protocols take state i for trial i). "
             "Drop --run-trials to evaluate under the protocol.")
     from dataclasses import fields
@@ -337,6 +338,13 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
     log = log or (lambda line: print(line, file=sys.stderr))
     if req.env is None:  # a training run names its own env type
         if run_env.get("type") not in families and not is_custom_env(run_env.get("type")):
+            from pathlib import Path
+
+            if (not run_env and req.policy != "random" and ":" not in req.policy
+                    and not Path(req.policy).exists()):
+                raise EvalError(f"--policy {req.policy}: no such file or directory (give a "
+                                "training run, a checkpoint, a published model directory, "
+                                "random or module:function).")
             raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
                             "--policy is a training run.")
         log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")

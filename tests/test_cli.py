@@ -466,6 +466,9 @@ def test_eval_of_a_run_takes_its_env_type_when_env_is_left_out(tmp_path):
     assert r.exit_code == 2 and "not a gym env setting" in r.output, r.output
     r = runner.invoke(app, ["eval", "--policy", "random"])
     assert r.exit_code == 2 and "--env is required" in r.output
+    # a mistyped run directory is named as such, not taken for a missing --env
+    r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and f"--policy {tmp_path / 'nope'}: no such file or directory" in r.output
 
 
 def test_eval_env_override_sets_and_records_env_settings(tmp_path):

@@ -30,9 +30,12 @@ logging: {tensorboard: false, console: false}
 """
 
 
-def test_in_training_eval_and_standalone_eval_agree_trial_by_trial(ray_session, tmp_path):
+@pytest.mark.parametrize("env_type", ["gym", "tests.plugins.lab_components:FixedGoalEnv"])
+def test_in_training_eval_and_standalone_eval_agree_trial_by_trial(ray_session, tmp_path, env_type):
+    # also a user env class (module:Class, seeded like gymnasium), with a setting of its own
     job = tmp_path / "job.yaml"
-    job.write_text(JOB)
+    job.write_text(JOB if env_type == "gym" else JOB.replace(
+        "env: {type: gym,", f"env: {{type: '{env_type}', goal_radius: 0.3,"))
     cfg = load_config(job)
     run = tmp_path / "run"
     EmbodiedRunner(cfg, run).run()
@@ -52,7 +55,7 @@ def test_in_training_eval_and_standalone_eval_agree_trial_by_trial(ray_session, 
         h = res.header
         assert h["protocol"]["env_seed"] == base and h["protocol"]["ignore_terminations"] is True
         assert h["protocol"]["global_seed"] == cfg.run.seed and h["batch_invariant"] is True
-        assert h["max_steps"] == 15
+        assert h["max_steps"] == 15 and h["env"] == env_type  # the run's env type, adopted
         got = {e.trial: e for e in res.episodes}
         assert sorted(got) == sorted(trials)
         for j, t in trials.items():

@@ -302,4 +302,6 @@ def test_a_suite_run_is_evaluated_on_its_own_tasks_unless_the_suite_is_named():
     req = adopt_run_env(EvalRequest(env=None, policy="run", tasks=[2]), run_env, "c", FAMILIES, said.append)
     assert req.tasks == [2]
     with pytest.raises(Exception, match="--env is required"):
+        adopt_run_env(EvalRequest(env=None, policy="random"), {}, None, FAMILIES, said.append)
+    with pytest.raises(Exception, match="--policy x: no such file or directory"):
         adopt_run_env(EvalRequest(env=None, policy="x"), {}, None, FAMILIES, said.append)

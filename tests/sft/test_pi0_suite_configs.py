@@ -68,10 +68,16 @@ def test_rl_stage_reward_and_time_limits_survive_rl_overrides(name, tmp_path):
     limits reach the RL stage."""
     from rlinf_embodied.sft.pipeline import rl_job_config
 
-    cfg = load_sft_config(f"configs/sft/maniskill_lang3_sft_rl_{name}.yaml", [
-        f"run.dir={tmp_path}", "rl.overrides=[trainer.iterations=2]", "env.startup_timeout_s=1200"])
-    rl_reward = "sparse" if name in ("oft", "openvla") else "normalized_dense"  # SimpleVLA-RL's outcome
-    assert cfg.env.reward_mode == "sparse" and cfg.rl.reward_mode == rl_reward
+    path = f"configs/sft/maniskill_lang3_sft_rl_{name}.yaml"
+    cfg = load_sft_config(path, [f"run.dir={tmp_path}", "rl.overrides=[trainer.iterations=2]",
+                                 "env.startup_timeout_s=1200"])
+    # every VLA family's RL stage takes SimpleVLA-RL's outcome reward (the OFT recipe's)
+    assert cfg.env.reward_mode == "sparse" and cfg.rl.reward_mode == "sparse"
+    assert rl_job_config(cfg).env.reward_mode == "sparse"
+    cfg = load_sft_config(path, [f"run.dir={tmp_path}", "rl.overrides=[trainer.iterations=2]",
+                                 "env.startup_timeout_s=1200", "rl.reward_mode=normalized_dense"])
+    rl_reward = "normalized_dense"
+    assert cfg.env.reward_mode == "sparse"  # the demos and evaluations keep the pipeline env's
     job = rl_job_config(cfg)
     assert job.env.reward_mode == rl_reward and job.trainer.iterations == 2
     assert job.env.startup_timeout_s == 1200
