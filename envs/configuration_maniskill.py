@@ -101,6 +101,10 @@ class ManiSkillEnvConfig(EnvConfig):
             if bad or self.task_ids == []:
                 raise ConfigError(f"env.task_ids {self.task_ids} must be non-empty indices into "
                                   f"suite {self.suite}: {suite.listing()}.")
+            if self.task_ids and len(set(self.task_ids)) < len(self.task_ids):
+                raise ConfigError(f"env.task_ids {self.task_ids} names a task twice (a task's share "
+                                  f"of resets would double); set each once, e.g. "
+                                  f"{sorted(set(self.task_ids))}.")
         elif self.task_ids is not None:
             raise ConfigError("env.task_ids selects tasks of env.suite; set env.suite (e.g. "
                               "maniskill_lang3) or remove env.task_ids.")

@@ -228,8 +228,8 @@ def run_trials_overrides(req: EvalRequest) -> Dict[str, Any]:
     and, unless the request sets them, ``policy_mode`` and ``trials_per_task``.
 
     Raises:
-        EvalError: ``req.policy`` is no training run (or a checkpoint inside one), or the run
-            is a LIBERO one (ManiSkill, gymnasium and user env class (``module:Class``) runs
+        EvalError: ``req.policy`` is no training run (or a checkpoint inside one), the run
+            recorded no in-training evaluation, or it is a LIBERO one (ManiSkill, gymnasium and user env class (``module:Class``) runs
             are reproduced), whose in-training evaluation picks stored initial states by seed
             while its protocols take state i for trial i.
     """
@@ -237,6 +237,11 @@ def run_trials_overrides(req: EvalRequest) -> Dict[str, Any]:
     if path is None:
         raise EvalError(f"--run-trials needs --policy to be a training run directory (or a "
                         f"checkpoint inside one) with its config.yaml; {req.policy} is none.")
+    if not any((path.parent / "eval").glob("iter_*.json")):
+        raise EvalError(f"--run-trials reproduces a training run's in-training evaluation, and "
+                        f"{path.parent} recorded none (no eval/iter_*.json; an SFT checkpoint or "
+                        "a run with trainer.eval_every 0); drop --run-trials to evaluate under the "
+                        "protocol.")
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
     kind = env.get("type", req.env)
     if kind not in ("maniskill", "gym") and not is_custom_env(kind):
@@ -345,6 +350,11 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
                 raise EvalError(f"--policy {req.policy}: no such file or directory (give a "
                                 "training run, a checkpoint, a published model directory, "
                                 "random or module:function).")
+            pipeline = Path(req.policy)
+            if not run_env and ((pipeline / "rl").is_dir() or (pipeline / "sft" / "policy").is_dir()):
+                raise EvalError(f"--policy {req.policy} is an SFT -> RL pipeline's directory; "
+                                f"give its RL run (--policy {pipeline / 'rl'}) or its SFT "
+                                f"checkpoint (--policy {pipeline / 'sft' / 'policy'}).")
             raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
                             "--policy is a training run.")
         log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")

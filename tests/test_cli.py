@@ -469,6 +469,9 @@ def test_eval_of_a_run_takes_its_env_type_when_env_is_left_out(tmp_path):
     # a mistyped run directory is named as such, not taken for a missing --env
     r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "nope")])
     assert r.exit_code == 2 and f"--policy {tmp_path / 'nope'}: no such file or directory" in r.output
+    (tmp_path / "pipe" / "sft" / "policy").mkdir(parents=True)  # a pipeline's run.dir
+    r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "pipe")])
+    assert r.exit_code == 2 and f"give its RL run (--policy {tmp_path / 'pipe' / 'rl'})" in " ".join(r.output.split())
 
 
 def test_eval_env_override_sets_and_records_env_settings(tmp_path):

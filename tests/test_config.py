@@ -323,3 +323,12 @@ def test_a_hold_ramp_past_the_last_iteration_warns():
         assert load_config(main, ["trainer.iterations=91"]).env.hold_steps_at(90) == 15
         load_config(main, ["trainer.iterations=2", "env.success_hold_ramp=null",
                            "env.success_hold_steps=1"])  # the quiet form it names
+
+
+def test_suite_task_ids_are_indices_named_once():
+    base = ["env.type=maniskill", "env.suite=maniskill_lang3", "env.obs_mode=rgb"]
+    assert load_config(None, [*base, "env.task_ids=[0,2]"]).env.suite_task_ids() == [0, 2]
+    with pytest.raises(ConfigError, match=r"env.task_ids \[0, 0\] names a task twice .*e.g. \[0\]"):
+        load_config(None, [*base, "env.task_ids=[0,0]"])
+    with pytest.raises(ConfigError, match=r"env.task_ids \[3\] must be non-empty indices into suite maniskill_lang3"):
+        load_config(None, [*base, "env.task_ids=[3]"])

@@ -335,14 +335,14 @@ class AlgorithmConfig:
                 f"algorithm.ratio_level must be token, action, chunk or null "
                 f"(got {self.ratio_level!r})."
             )
-        if self.group_size < 1:
-            raise ConfigError(f"algorithm.group_size must be >= 1 (got {self.group_size}).")
         if self.advantage == "grpo" and self.group_size < 2:
             raise ConfigError(
                 f"algorithm.group_size={self.group_size} with GRPO: a group of one rollout has "
                 f"advantage 0 (its score minus its own mean); set algorithm.group_size=2 or more "
                 f"(and env.num_envs a multiple of it)."
             )
+        if self.group_size < 1:
+            raise ConfigError(f"algorithm.group_size must be >= 1 (got {self.group_size}).")
         low = 0.0 if self.filter_low is None else self.filter_low
         high = 1.0 if self.filter_high is None else self.filter_high
         if low > high:

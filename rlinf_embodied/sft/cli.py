@@ -31,29 +31,28 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
                  overrides: list[str] | None = None) -> None:
     """After a Ctrl-C (or, with ``error``, a failure such as Ray not starting) in any stage:
     what the finished stages left and which command goes on from it; exits 130 (1)."""
-    from pathlib import Path
-
     if error is not None:
         from rlinf_embodied.runners.errors import short_error, start_hint
 
         typer.secho(f"error: {short_error(error)}{start_hint(error)}", fg=typer.colors.RED, err=True)
 
+    import psutil
+
+    started = psutil.Process().create_time()  # this command's start: older files are a past run's
     run = cfg.run_dir()
-    demos = Path(cfg.demos.dir)
     lines = []
-    if demos.is_dir() and any(demos.rglob("*.h5")):
-        lines.append(f"demos in {demos} (reused by `sft` / `sft-rl`)")
+    if _converted_demos(cfg):  # what `sft` reads (an interrupted conversion leaves only plans)
+        lines.append(f"demos in {cfg.demos.dir} (reused by `sft` / `sft-rl`)")
     sft = run / "sft" / ("vla" if (run / "sft" / "vla").is_dir() else "policy")
-    if (run / "sft" / "sft_record.json").is_file():  # written after the SFT evaluation
+    record = run / "sft" / "sft_record.json"  # written after the SFT evaluation
+    if record.is_file():
         import shlex
 
         command = shlex.join(["rlinf-embodied", "finetune", config, *(overrides or [])])
-        lines.append(f"the SFT checkpoint {sft} (`{command}` runs the gate and RL from it)")
+        whose = "the SFT checkpoint" if record.stat().st_mtime >= started else "an earlier run's SFT checkpoint"
+        lines.append(f"{whose} {sft} (`{command}` runs the gate and RL from it)")
     rl_ckpts = run / "rl" / "checkpoints"
     ckpts = list(rl_ckpts.glob("iter_*")) if rl_ckpts.is_dir() else []
-    import psutil
-
-    started = psutil.Process().create_time()  # this command's start: older ones are a past run's
     if any(p.stat().st_mtime >= started for p in ckpts):
         lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
                      "continues the RL run)")
@@ -66,6 +65,19 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
     else:
         typer.echo(f"{how} before any stage finished: nothing was saved under {run}.")
     raise typer.Exit(1 if error is not None else 130)
+
+
+def _converted_demos(cfg) -> bool:
+    """Whether ``demos.dir`` holds demos of this config that ``sft`` can read (converted into
+    the policy's controller; for a suite, of at least one selected task)."""
+    e = cfg.env
+    if getattr(e, "suite", None) is not None:
+        from rlinf_embodied.sft.vla_demos import find_suite_demos
+
+        return bool(find_suite_demos(cfg.demos.dir, e, cfg.demos.stride))
+    from rlinf_embodied.sft.demos import find_demos
+
+    return find_demos(cfg.demos.dir, e.env_id, e.control_mode, e.obs_mode) is not None
 
 
 def _passive_omp() -> None:
@@ -89,12 +101,13 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False):
     stage runs."""
     _passive_omp()
     from rlinf_embodied.config import ConfigError
-    from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
+    from rlinf_embodied.sft.pipeline import check_rl_dir_free, load_sft_config, validate_rl_stage
 
     try:
         cfg = load_sft_config(config, overrides or [])
         if rl_stage:
             validate_rl_stage(cfg)
+            check_rl_dir_free(cfg)
         return cfg
     except ConfigError as e:
         _fail(str(e))
@@ -123,8 +136,8 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
     cfg = _load(config, overrides)
     try:
         out = run_sft(cfg, log=typer.echo)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(str(e), code=1)
+    except (FileNotFoundError, ValueError) as e:  # no demos, too few, or made for another setup
+        _fail(str(e))
     except KeyboardInterrupt:
         _stopped(cfg, config, overrides=overrides)
     typer.echo(json.dumps(out["evaluation"]))

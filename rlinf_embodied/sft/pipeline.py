@@ -24,7 +24,7 @@ from typing import Any
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
 
-__all__ = ["load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage",
+__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage",
            "VLA_TYPES"]
 
 #: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values
@@ -62,7 +62,7 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
         changed = [k for k in _UNREAD_ENV
                    if getattr(cfg.env, k, None) != getattr(base, k, None)]
         if changed:
-            fix = ",".join(f"env.{k}={getattr(cfg.env, k)}" for k in changed)
+            fix = ",".join(f"env.{k}={_yaml(getattr(cfg.env, k))}" for k in changed)
             notes = []
             if "num_envs" in changed:
                 notes.append("env.num_envs a multiple of algorithm.group_size")
@@ -74,6 +74,60 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
                 f"the pipeline's env section; set rl.overrides=[{fix}] for the RL stage"
                 + (f" ({'; '.join(notes)})" if notes else "") + ".")
     return cfg
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as an override writes it (``true``, ``null``, ``[1,2]``)."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (bool, list, type(None))) else str(value)
+
+
+#: Env settings that define the SFT evaluation's episodes: the RL stage's final evaluation must
+#: run the same ones to be compared with it trial by trial (McNemar).
+_EPISODE_ENV_KEYS = ("suite", "task_ids", "env_id", "control_mode", "obs_mode", "sensor_size",
+                     "max_episode_steps")
+
+
+def check_sft_evaluation(cfg: SFTJobConfig) -> None:
+    """Refuse an RL stage whose final evaluation could not be compared with the SFT
+    evaluation: other episode settings (:data:`_EPISODE_ENV_KEYS`) or another protocol than
+    the SFT record's (``sft/sft_record.json``; nothing to check without one).
+
+    Raises:
+        rlinf_embodied.sft.gate.SFTCheckpointError: naming each difference and both fixes.
+    """
+    from rlinf_embodied.sft.gate import RECORD_FILE, SFTCheckpointError
+
+    path = cfg.run_dir() / "sft" / RECORD_FILE
+    if not path.is_file():
+        return
+    rec = json.loads(path.read_text())
+    env = rec.get("env") or {}
+    diffs = [f"env.{k}={_yaml(getattr(cfg.env, k, None))} (SFT: {_yaml(env[k])})"
+             for k in _EPISODE_ENV_KEYS if k in env and env[k] != getattr(cfg.env, k, None)]
+    if rec.get("protocol") not in (None, cfg.eval.protocol):
+        diffs.append(f"eval.protocol={cfg.eval.protocol} (SFT: {rec['protocol']})")
+    if diffs:
+        raise SFTCheckpointError(
+            f"{', '.join(diffs)}: the SFT checkpoint in {path.parent} was evaluated under other "
+            "settings, and RL's final evaluation must run the same episodes to be compared "
+            "with it; drop these overrides, or re-run `rlinf-embodied sft` with them first.")
+
+
+def check_rl_dir_free(cfg: SFTJobConfig) -> None:
+    """Refuse to start an RL stage in a run directory that already holds an RL run (its
+    metrics and checkpoints would be mixed with the new run's, and ``best`` could be the old
+    run's policy).
+
+    Raises:
+        rlinf_embodied.config.ConfigError: naming the directory and the fixes.
+    """
+    from rlinf_embodied.config import ConfigError
+
+    rl = cfg.run_dir() / "rl"
+    if (rl / "metrics.jsonl").is_file() or any((rl / "checkpoints").glob("iter_*")):
+        raise ConfigError(
+            f"{rl} already holds an RL run; `rlinf-embodied train --resume {rl}` continues it, "
+            f"or delete it (or set run.dir to a new directory) to start over.")
 
 
 def _recorded(path: Path, suite: bool) -> int:
@@ -345,7 +399,10 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.runners.setup import validate_job
 
-    job = rl_job_config(cfg, extra)
+    try:
+        job = rl_job_config(cfg, extra)
+    except ConfigError as e:  # a bad value in rl.config or rl.overrides: say which stage
+        raise ConfigError(f"The RL stage (rl.config {cfg.rl.config} + rl.overrides): {e}") from None
     check_same_policy(cfg, job)
     try:
         validate_job(job)
@@ -362,6 +419,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
 
     Raises:
         rlinf_embodied.sft.gate.GateError: the gate refused the SFT checkpoint.
+        rlinf_embodied.sft.gate.SFTCheckpointError: no SFT checkpoint, one of another family,
+            or one evaluated under other episode settings (:func:`check_sft_evaluation`).
         KeyboardInterrupt: the RL run was stopped by Ctrl-C (its checkpoint is saved; the
             command says how to go on).
     """
@@ -371,6 +430,7 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     import time
 
     job = validate_rl_stage(cfg, extra_overrides)
+    check_sft_evaluation(cfg)
     rl_dir = Path(job.run.run_dir())
     t0 = time.perf_counter()
     gate = check_gate(job.policy.checkpoint or job.policy.pretrained, job.env, rl_dir,

@@ -69,8 +69,16 @@ def test_run_trials_needs_a_maniskill_or_gym_run(tmp_path):
     with pytest.raises(EvalError, match="--run-trials needs --policy to be a training run"):
         evaluate(EvalRequest(env="gym", task="toy/PointReach-v0", policy="random",
                              run_trials=True, output=str(tmp_path / "r.json")))
+    # a run directory (or an SFT checkpoint's) without in-training evaluation records
+    plain = tmp_path / "plain_run"
+    plain.mkdir()
+    (plain / "config.yaml").write_text("env: {type: gym, env_id: toy/PointReach-v0}\n")
+    with pytest.raises(EvalError, match="recorded none .no eval/iter_.*drop --run-trials"):
+        evaluate(EvalRequest(env=None, policy=str(plain), run_trials=True,
+                             output=str(tmp_path / "p.json")))
     run = tmp_path / "libero_run"
-    run.mkdir()
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "iter_000001.json").write_text("{}")
     (run / "config.yaml").write_text("env: {type: libero, suite: libero_spatial}\n")
     with pytest.raises(EvalError, match="LIBERO run's in-training evaluation picks stored"):
         evaluate(EvalRequest(env="libero", suite="libero_spatial", policy=str(run),

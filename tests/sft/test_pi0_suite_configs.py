@@ -36,7 +36,7 @@ def test_pipeline_config_loads_and_its_rl_stage_validates(family, tmp_path):
     # however the override is written, and for every env field no stage reads
     with pytest.raises(ConfigError, match=r"^env.num_envs=4,env.seed=3: no pipeline stage reads them"):
         load_sft_config(path, ["env={num_envs: 4, seed: 3}"])
-    with pytest.raises(ConfigError, match=r"env.video=True: .*rl.overrides=\[env.video=True\] for the RL stage\.$"):
+    with pytest.raises(ConfigError, match=r"env.video=true: .*rl.overrides=\[env.video=true\] for the RL stage\.$"):
         load_sft_config(path, ["env.video=true"])
     assert load_sft_config(path, ["env.max_episode_steps=60"]).env.max_episode_steps == 60  # read
     with pytest.raises(ConfigError, match=r"The RL stage \(rl.config maniskill_lang3_grpo_pi0\w*_finetune, with its own env.*multiple of algorithm.group_size=8 \(got 4\).*Set it in rl.overrides"):

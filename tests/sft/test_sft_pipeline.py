@@ -184,7 +184,13 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     r = CliRunner().invoke(app, args)
     assert "nothing was saved" in r.output and "SFT checkpoint" not in r.output
     (tmp_path / "run" / "sft" / "sft_record.json").write_text("{}")
-    (tmp_path / "run" / "rl" / "checkpoints" / "iter_000002").mkdir(parents=True)
+    ckpt = tmp_path / "run" / "rl" / "checkpoints" / "iter_000002"
+
+    def saved_then_interrupted(*a, **k):  # as the runner: a checkpoint, then the Ctrl-C
+        ckpt.mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline_module, "run_rl", saved_then_interrupted)
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 130, r.output
     text = " ".join(r.output.split())
@@ -193,14 +199,21 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
             f"run.dir={tmp_path / 'run'} demos.dir={tmp_path / 'demos'}` runs the gate") in text
     assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
     assert "Traceback" not in r.output
-    # checkpoints older than this command are an earlier run's: not offered as this one's
+    # a second RL run in the same directory would mix with the first: refused before any stage
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "already holds an RL run; `rlinf-embodied train --resume" in r.output
+    # files older than this command are an earlier run's: not offered as this one's
     import os
+    import shutil
 
-    os.utime(tmp_path / "run" / "rl" / "checkpoints" / "iter_000002", (0, 0))
-    text = " ".join(CliRunner().invoke(app, args).output.split())
+    os.utime(ckpt, (0, 0))
+    os.utime(tmp_path / "run" / "sft" / "sft_record.json", (0, 0))
+    monkeypatch.setattr(pipeline_module, "run_sft", interrupted)
+    text = " ".join(CliRunner().invoke(app, ["sft", *args[1:]]).output.split())
     assert "continues the RL run" not in text
-    assert (f"no RL checkpoint of this command (those in {tmp_path / 'run' / 'rl' / 'checkpoints'} "
-            "are an earlier run's)") in text
+    assert (f"no RL checkpoint of this command (those in {ckpt.parent} are an earlier run's)") in text
+    assert f"an earlier run's SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'}" in text
+    shutil.rmtree(tmp_path / "run" / "rl")
 
     def ray_did_not_start(*a, **k):
         raise RuntimeError("The current node timed out during startup. This could happen because "
@@ -245,3 +258,24 @@ def test_sft_refuses_fewer_recorded_demos_than_asked_for(pipeline):
     with pytest.raises(ValueError, match=r"demos.num_trajectories=5 but .* holds fewer "
                                          r"\(PushCube-v1: 2\); run `rlinf-embodied demos"):
         run_sft(more, log=lambda *_: None)
+
+
+def test_finetune_refuses_other_episode_settings_than_the_sft_evaluation(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlinf_embodied.cli import app
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    run = tmp_path / "run"
+    (run / "sft" / "policy").mkdir(parents=True)
+    sft_env = load_sft_config(CONFIG).env
+    record = {"env": {"env_id": sft_env.env_id, "max_episode_steps": 100,
+                      "control_mode": sft_env.control_mode, "obs_mode": sft_env.obs_mode},
+              "protocol": "maniskill_fair_v1", "evaluation": {}}
+    (run / "sft" / "sft_record.json").write_text(json.dumps(record))
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={run}", "env.max_episode_steps=20"])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert ("env.max_episode_steps=20 (SFT: 100): the SFT checkpoint in" in out
+            and "drop these overrides, or re-run `rlinf-embodied sft` with them first" in out), out
+    assert "Traceback" not in r.output and not (run / "rl" / "gate.json").exists()
