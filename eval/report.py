@@ -329,8 +329,8 @@ def _protocol_flag_advice(pa: dict, pb: dict, diff: list, name_a: str, name_b: s
     if fa is None or fb is None:
         return ""
     return (f"Both are {pa['name']} with other {', '.join(diff)}: re-run the evaluation of "
-            f"{name_b} {fa} (as {name_a}) or that of {name_a} {fb} (as {name_b}), "
-            "or pass --force to compare anyway.")
+            f"{name_b} {fa} (as {name_a}) or that of {name_a} {fb} (as {name_b}) into a new "
+            "-o file, or pass --force to compare anyway.")
 
 
 def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, os.PathLike],

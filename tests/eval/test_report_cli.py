@@ -70,7 +70,7 @@ def test_compare_pairs_and_refuses_other_protocols(tmp_path):
     a.header["protocol"]["max_steps"] = {}  # the env's registered limit: no flag given
     a.save()
     with pytest.raises(CompareError, match=r"re-run the evaluation of s.json without --max-steps "
-                       r"\(as a.json\) or that of a.json with --max-steps 40 \(as s.json\)"):
+                       r"\(as a.json\) or that of a.json with --max-steps 40 \(as s.json\) into a new -o file"):
         compare(a, short)
     out = runner.invoke(eval_app, ["compare", str(a.path), str(b.path)])
     assert out.exit_code == 0 and "McNemar" in out.output and "0.125 (exact)" in out.output
