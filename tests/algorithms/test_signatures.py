@@ -61,7 +61,7 @@ def test_gae_estimator_is_gae_with_the_config():
 
 def test_grpo_estimator_filters_groups_by_success_band():
     b = _rollout(1, values=False)
-    cfg = AlgorithmConfig(advantage="grpo", filter_low=0.1, filter_high=0.9)
+    cfg = AlgorithmConfig(advantage="grpo", group_size=4, filter_low=0.1, filter_high=0.9)
     out = get_advantage("grpo")(b, cfg)
     adv, _ = grpo(b.rewards, b.group_ids, valid=b.valid)
     keep = dynamic_sampling(b.success.any(0).float(), b.group_ids, low=0.1, high=0.9)
