@@ -24,8 +24,8 @@ from typing import Any
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
 
-__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "run_demos", "run_rl", "run_sft", "run_sft_rl", "validate_rl_stage",
-           "VLA_TYPES"]
+__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "run_demos", "run_rl",
+           "run_sft", "run_sft_rl", "validate_rl_stage", "VLA_TYPES"]
 
 #: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values
 #: (a family's config lacks the others' fields: both read None). π0 / π0.5: horizon, Euler
