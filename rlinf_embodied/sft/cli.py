@@ -51,8 +51,10 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
         command = shlex.join(["rlinf-embodied", "finetune", config, *(overrides or [])])
         whose = "the SFT checkpoint" if record.stat().st_mtime >= started else "an earlier run's SFT checkpoint"
         lines.append(f"{whose} {sft} (`{command}` runs the gate and RL from it)")
+    from rlinf_embodied.checkpoint import list_checkpoints
+
     rl_ckpts = run / "rl" / "checkpoints"
-    ckpts = list(rl_ckpts.glob("iter_*")) if rl_ckpts.is_dir() else []
+    ckpts = list_checkpoints(run / "rl")  # complete ones: what `train --resume` can continue
     if any(p.stat().st_mtime >= started for p in ckpts):
         lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
                      "continues the RL run)")

@@ -121,10 +121,11 @@ def check_rl_dir_free(cfg: SFTJobConfig) -> None:
     Raises:
         rlinf_embodied.config.ConfigError: naming the directory and the fixes.
     """
+    from rlinf_embodied.checkpoint import list_checkpoints
     from rlinf_embodied.config import ConfigError
 
     rl = cfg.run_dir() / "rl"
-    if (rl / "metrics.jsonl").is_file() or any((rl / "checkpoints").glob("iter_*")):
+    if (rl / "metrics.jsonl").is_file() or list_checkpoints(rl):
         raise ConfigError(
             f"{rl} already holds an RL run; `rlinf-embodied train --resume {rl}` continues it, "
             f"or delete it (or set run.dir to a new directory) to start over.")

@@ -169,6 +169,7 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     from typer.testing import CliRunner
 
     import rlinf_embodied.sft.pipeline as pipeline_module
+    from rlinf_embodied.checkpoint import _COMPLETE as COMPLETE
     from rlinf_embodied.cli import app
 
     def interrupted(*a, **k):
@@ -186,8 +187,9 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     (tmp_path / "run" / "sft" / "sft_record.json").write_text("{}")
     ckpt = tmp_path / "run" / "rl" / "checkpoints" / "iter_000002"
 
-    def saved_then_interrupted(*a, **k):  # as the runner: a checkpoint, then the Ctrl-C
+    def saved_then_interrupted(*a, **k):  # as the runner: a complete checkpoint, then the Ctrl-C
         ckpt.mkdir(parents=True)
+        (ckpt / COMPLETE).touch()
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline_module, "run_rl", saved_then_interrupted)
