@@ -4,7 +4,7 @@
 
     rlinf-embodied demos    CONFIG.yaml [key=value ...] [--force]   # stage 1
     rlinf-embodied sft      CONFIG.yaml [key=value ...]             # stage 2: BC + eval
-    rlinf-embodied finetune CONFIG.yaml [key=value ...]             # stage 3: gate, RL, eval
+    rlinf-embodied finetune CONFIG.yaml [key=value ...] [--resume]  # stage 3: gate, RL, eval
     rlinf-embodied sft-rl   CONFIG.yaml [key=value ...]             # all stages
 
 This module imports nothing heavy at import time (the commands import their machinery).
@@ -43,30 +43,38 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
     lines = []
     if _converted_demos(cfg):  # what `sft` reads (an interrupted conversion leaves only plans)
         lines.append(f"demos in {cfg.demos.dir} (reused by `sft` / `sft-rl`)")
-    sft = run / "sft" / ("vla" if (run / "sft" / "vla").is_dir() else "policy")
-    record = run / "sft" / "sft_record.json"  # written after the SFT evaluation
-    if record.is_file():
-        import shlex
-
-        command = shlex.join(["rlinf-embodied", "finetune", config, *(overrides or [])])
-        whose = "the SFT checkpoint" if record.stat().st_mtime >= started else "an earlier run's SFT checkpoint"
-        lines.append(f"{whose} {sft} (`{command}` runs the gate and RL from it)")
     from rlinf_embodied.checkpoint import list_checkpoints
 
     rl_ckpts = run / "rl" / "checkpoints"
-    ckpts = list_checkpoints(run / "rl")  # complete ones: what `train --resume` can continue
+    ckpts = list_checkpoints(run / "rl")  # complete ones: what `finetune --resume` continues
+    sft = run / "sft" / ("vla" if (run / "sft" / "vla").is_dir() else "policy")
+    record = run / "sft" / "sft_record.json"  # written after the SFT evaluation
+    if record.is_file():
+        whose = "the SFT checkpoint" if record.stat().st_mtime >= started else "an earlier run's SFT checkpoint"
+        lines.append(f"{whose} {sft}" + ("" if ckpts else  # with an RL run: --resume, below
+                                         f" (`{_finetune_command(config, overrides)}` runs the "
+                                         "gate and RL from it)"))
     if any(p.stat().st_mtime >= started for p in ckpts):
-        lines.append(f"RL checkpoints in {rl_ckpts} (`rlinf-embodied train --resume {run / 'rl'}` "
-                     "continues the RL run)")
+        lines.append(f"RL checkpoints in {rl_ckpts} (`{_finetune_command(config, overrides, True)}` "
+                     "continues the RL run, then writes the final evaluation and summary)")
     elif ckpts:
         lines.append(f"no RL checkpoint of this command (those in {rl_ckpts} are an earlier "
-                     "run's)")
+                     f"run's; `{_finetune_command(config, overrides, True)}` continues it)")
     how = "failed" if error is not None else "interrupted"
     if lines:
         typer.echo(f"{how}; saved: " + "; ".join(lines) + ".")
     else:
         typer.echo(f"{how} before any stage finished: nothing was saved under {run}.")
     raise typer.Exit(1 if error is not None else 130)
+
+
+def _finetune_command(config: str, overrides: list[str] | None, resume: bool = False) -> str:
+    """The ``finetune`` command line of this pipeline (``--resume``: that continues its RL
+    stage)."""
+    import shlex
+
+    return shlex.join(["rlinf-embodied", "finetune", config, *(overrides or []),
+                       *(["--resume"] if resume else [])])
 
 
 def _converted_demos(cfg) -> bool:
@@ -97,10 +105,11 @@ def _passive_omp() -> None:
             os.environ.setdefault(k, v)
 
 
-def _load(config: str, overrides: list[str] | None, rl_stage: bool = False):
+def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
+          resume: bool = False):
     """The pipeline config; with ``rl_stage`` also resolves and validates the RL stage's job
     (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
-    stage runs."""
+    stage runs, and (unless ``resume``) refuses a run directory that holds an RL run."""
     _passive_omp()
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.pipeline import check_rl_dir_free, load_sft_config, validate_rl_stage
@@ -109,7 +118,8 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False):
         cfg = load_sft_config(config, overrides or [])
         if rl_stage:
             validate_rl_stage(cfg)
-            check_rl_dir_free(cfg)
+            if not resume:
+                check_rl_dir_free(cfg, _finetune_command(config, overrides, True))
         return cfg
     except ConfigError as e:
         _fail(str(e))
@@ -145,18 +155,25 @@ def sft(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None
     typer.echo(json.dumps(out["evaluation"]))
 
 
-def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES) -> None:
+def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
+             resume: bool = typer.Option(
+                 False, "--resume", help="Continue the RL run in <run dir>/rl (e.g. after "
+                 "Ctrl-C) from its newest complete checkpoint to the configured iterations, "
+                 "then write the final evaluation and summary.")) -> None:
     """Step-0 gate, RL fine-tuning from the SFT checkpoint, held-out evaluation, summary.
 
-    Exits 2 without an SFT checkpoint (or with one of another family), 3 when the gate
-    refuses the SFT checkpoint.
+    Exits 2 without an SFT checkpoint (or with one of another family), or with ``--resume``
+    and no RL run to continue; 3 when the gate refuses the SFT checkpoint; 130 after Ctrl-C.
     """
+    from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.gate import GateError, SFTCheckpointError
     from rlinf_embodied.sft.pipeline import run_rl, summarize
 
-    cfg = _load(config, overrides, rl_stage=True)
+    cfg = _load(config, overrides, rl_stage=True, resume=resume)
     try:
-        run_rl(cfg, log=typer.echo)
+        run_rl(cfg, log=typer.echo, resume=resume)
+    except ConfigError as e:  # --resume: nothing to continue, or another policy
+        _fail(str(e))
     except SFTCheckpointError as e:
         _fail(str(e), code=2)
     except GateError as e:

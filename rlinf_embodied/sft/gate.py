@@ -39,6 +39,7 @@ __all__ = [
     "evaluate_checkpoint",
     "gate_for_job",
     "read_record",
+    "recorded_trials",
     "sampled_success",
     "write_record",
 ]
@@ -60,7 +61,8 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
                         *, protocol: str = "maniskill_fair_v1", num_envs: int = 8,
                         num_processes: int = 2, fresh: bool = True,
                         policy_mode: str | None = None, reports: bool = True,
-                        batch_invariant: bool = True) -> dict[str, Any]:
+                        batch_invariant: bool = True,
+                        env_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluation of a ``save_policy`` checkpoint on held-out ManiSkill seeds.
 
     Args:
@@ -83,6 +85,9 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
         reports: also write the ``.md``/``.png``/``.html`` reports.
         batch_invariant: run the policy row by row (:class:`~rlinf_embodied.eval.request.EvalRequest`),
             so that each trial's episode is the same for any ``num_envs`` / ``num_processes``.
+        env_overrides: further EnvConfig fields of the episodes (e.g. the ``sensor_size`` an
+            earlier evaluation took from the policy's run); ``env_cfg``'s controller, reward
+            and a suite's image size take precedence.
 
     Returns:
         ``{"rate", "ci95", "successes", "success_at_end_rate", "success_at_end_ci95",
@@ -98,7 +103,8 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
     if fresh and output.exists():
         output.unlink()
     suite = getattr(env_cfg, "suite", None)
-    overrides = {"control_mode": env_cfg.control_mode, "reward_mode": env_cfg.reward_mode}
+    overrides = {**(env_overrides or {}), "control_mode": env_cfg.control_mode,
+                 "reward_mode": env_cfg.reward_mode}
     max_steps = env_cfg.max_episode_steps
     if suite is not None:  # a language-conditioned suite: trials 0..n-1 of every task
         from rlinf_embodied.eval.protocols import get_protocol
@@ -133,12 +139,14 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
 
 def write_record(sft_dir: Path, evaluation: dict[str, Any], env_cfg: Any, eval_cfg: Any,
                  extra: dict[str, Any] | None = None) -> Path:
-    """Write ``sft_dir/sft_record.json``: the SFT evaluation and the gate settings."""
+    """Write ``sft_dir/sft_record.json``: the SFT evaluation (with its env settings, protocol
+    and ``trials_per_task``, ``eval.episodes``) and the gate settings."""
     record = {
         "policy": "policy",
         "evaluation": evaluation,
         "env": {k: v for k, v in dataclasses.asdict(env_cfg).items()},
         "protocol": eval_cfg.protocol,
+        "trials_per_task": eval_cfg.episodes,
         "gate_episodes": eval_cfg.gate_episodes,
         "gate_tolerance": eval_cfg.gate_tolerance,
         **(extra or {}),
@@ -157,6 +165,25 @@ def read_record(checkpoint: str | Path) -> dict[str, Any] | None:
             rec["_dir"] = str(c.parent)
             return rec
     return None
+
+
+def recorded_trials(record: dict[str, Any]) -> int | None:
+    """Trials per task (``eval.episodes``) of the SFT evaluation in ``record``: its
+    ``trials_per_task``; for records written before that key, the most episodes of one task in
+    its evaluation (every task ran trials 0..n-1). None when the record says neither."""
+    if record.get("trials_per_task") is not None:
+        return int(record["trials_per_task"])
+    per_task = (record.get("evaluation") or {}).get("per_task") or {}
+    counts = [int(v["episodes"]) for v in per_task.values() if isinstance(v, dict) and v.get("episodes")]
+    return max(counts) if counts else None
+
+
+def _task_keys(env_cfg: Any) -> list[str]:
+    """The tasks ``env_cfg`` runs as results files name them (``str(Episode.task)``): a suite's
+    task ids (``"0"``, ``"2"``), else the env id."""
+    if getattr(env_cfg, "suite", None) is not None:
+        return [str(t) for t in env_cfg.suite_task_ids()]
+    return [str(env_cfg.env_id)]
 
 
 def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[tuple, bool]:
@@ -210,16 +237,19 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         policy_type: the RL run's ``policy.type``; a record of another type is refused.
 
     Returns:
-        ``{"recorded", "measured", "episodes", "tolerance", "passed": True, "sampled",
+        ``{"recorded", "measured", "episodes", "tolerance", "tasks", "passed": True, "sampled",
         "sampled_ci95", "log_std", "differing_trials", "batch_invariant", ...}`` (also
-        written to ``out_dir/gate.json``; ``differing_trials``: trials whose success differs
-        from the SFT stage's, none when the env settings are the same and both evaluations
-        were batch-invariant).
+        written to ``out_dir/gate.json``; ``tasks``: the tasks gated, as results name them (a
+        suite's task ids, else the env id): those of the record that ``env_cfg`` runs, which
+        ``recorded``, ``episodes`` and ``differing_trials`` count alone; ``differing_trials``:
+        trials whose success differs from the SFT stage's, none when the env settings are the
+        same and both evaluations were batch-invariant).
 
     Raises:
         GateError: no record next to the checkpoint, an SFT checkpoint of another policy type,
-            or the measured success rate is more than ``tolerance`` below the recorded one on
-            the same trials.
+            a record with no trials of ``env_cfg``'s tasks (:class:`SFTCheckpointError`), or
+            the measured success rate is more than ``tolerance`` below the recorded one on the
+            same trials.
     """
     record = read_record(checkpoint)
     if record is None:
@@ -230,13 +260,23 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     checkpoint = Path(record["_dir"]) / record.get("policy", "policy")
     k = int(episodes or record["gate_episodes"])
     tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
-    sft = _recorded_episodes(record, k)
+    everything = _recorded_episodes(record, k)
+    # the re-evaluation runs the RL env's tasks (a suite's task_ids may select fewer than the
+    # SFT evaluation ran): the recorded side is its trials of those tasks
+    tasks = _task_keys(env_cfg)
+    sft = {key: ok for key, ok in everything.items() if key[0] in tasks}
+    if not sft:
+        raise SFTCheckpointError(
+            f"The SFT record of {checkpoint} has no trials of the RL env's tasks "
+            f"({', '.join(tasks)}; recorded: {', '.join(dict.fromkeys(t for t, _ in everything))}); "
+            "set the RL env's env_id / task_ids to tasks the SFT stage was evaluated on.")
     recorded, n = sum(sft.values()) / len(sft), len(sft)
     trials = max(t for _, t in sft) + 1  # per task
     out_dir = Path(out_dir)
     ev = evaluate_checkpoint(checkpoint, env_cfg, out_dir / "gate_eval.json", trials,
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes)
+    from rlinf_embodied.eval.request import RUN_ENV_KEYS
     from rlinf_embodied.eval.results import ResultsFile
 
     gate = ResultsFile.load(ev["results"])
@@ -246,19 +286,28 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                        and bool(e.success) != sft[(str(e.task), e.trial)])
     result = {"checkpoint": str(checkpoint), "recorded": recorded, "measured": ev["rate"],
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
+              "tasks": [t for t in tasks if any(key[0] == t for key in sft)],
               "passed": ev["rate"] >= recorded - tol, "differing_trials": differing,
               "batch_invariant": bool(gate.header.get("batch_invariant"))}
     if sampled and result["passed"]:
+        # under the greedy re-evaluation's settings, those it took from the SFT record included
+        # (given here, so that the evaluation does not print that it took them a second time)
+        used = gate.header.get("env_config") or {}
         sp = sampled_success(checkpoint, env_cfg, trials, out_dir / "gate_sampled.json",
                              protocol=record["protocol"],
-                             num_processes=env_cfg.num_processes)
+                             num_processes=env_cfg.num_processes,
+                             env_overrides={k: used[k] for k in RUN_ENV_KEYS["maniskill"]
+                                            if k in used})
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
         # mean log-std of a Gaussian head; None (JSON null) for token and flow heads
         result["log_std"] = sp["log_std"] if math.isfinite(sp["log_std"]) else None
     atomic_write_json(out_dir / "gate.json", result)
     verdict = "passed" if result["passed"] else "FAILED"
-    log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{trials - 1} "
-        f"under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
+    subset = (f" of tasks {', '.join(result['tasks'])} (the RL env's; recorded: "
+              f"{', '.join(dict.fromkeys(t for t, _ in everything))})" if len(sft) < len(everything)
+              else "")
+    log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{trials - 1}"
+        f"{subset} under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
     if differing:
         log(f"  trials whose success differs from the SFT stage's: {differing}")
     if "sampled" in result:
@@ -299,7 +348,8 @@ def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | N
 
 def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: str | Path, *,
                     protocol: str = "maniskill_fair_v1", num_envs: int = 10,
-                    num_processes: int = 2, log_std: float | None = None) -> dict[str, Any]:
+                    num_processes: int = 2, log_std: float | None = None,
+                    env_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """``success_once`` of a checkpoint's *sampled* actions (the RL stage's rollouts) on
     held-out trials 0..trials-1, next to which the greedy evaluation can be read.
 
@@ -322,6 +372,7 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
         num_processes: env pool processes.
         log_std: evaluate a copy of the checkpoint whose Gaussian head's log-std (normalised
             action units) is this value (saved beside ``output``); None keeps the checkpoint's.
+        env_overrides: further EnvConfig fields (see :func:`evaluate_checkpoint`).
 
     Returns:
         ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std", "results"}``
@@ -346,7 +397,7 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
         save_policy(policy, checkpoint)
     ev = evaluate_checkpoint(checkpoint, env_cfg, output, trials, protocol=protocol,
                              num_envs=num_envs, num_processes=num_processes,
-                             policy_mode="sample", reports=False)
+                             policy_mode="sample", reports=False, env_overrides=env_overrides)
     return {"rate": ev["rate"], "ci95": ev["ci95"], "successes": ev["successes"],
             "episodes": ev["episodes"], "results": ev["results"],
             "log_std": float(head_std.detach().mean()) if head_std is not None else float("nan")}

@@ -11,7 +11,13 @@ Layout of ``<run dir>`` (``run.dir`` or ``runs/<run.name>``):
   π0 / π0.5) with the demos' statistics (the RL stage starts from it through ``policy.pretrained``);
 * ``rl/``: a normal training run directory started from ``sft/policy`` (its ``gate.json`` is
   the step-0 gate), and ``rl/final_eval.json`` on the same held-out trials;
-* ``summary.json``: SFT vs RL success with Wilson intervals and McNemar's paired test.
+* ``summary.json``: SFT vs RL success with Wilson intervals and McNemar's paired test
+  (:mod:`rlinf_embodied.sft.summary`).
+
+An RL stage stopped by Ctrl-C goes on with ``finetune CONFIG [key=value ...] --resume``
+(:func:`run_rl` with ``resume``): the RL run continues from its newest complete checkpoint to
+the configured iterations, then the final evaluation and ``summary.json`` are written as after
+an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from typing import Any
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
+from rlinf_embodied.sft.summary import stage_costs, summarize
 
-__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "run_demos", "run_rl",
-           "run_sft", "run_sft_rl", "validate_rl_stage", "VLA_TYPES"]
+__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "resume_checkpoint",
+           "run_demos", "run_rl", "run_sft", "run_sft_rl", "stage_costs", "summarize",
+           "validate_rl_stage", "VLA_TYPES"]
 
 #: Policy fields that decide how a VLA acts: the RL stage must use the SFT stage's values
 #: (a family's config lacks the others' fields: both read None). π0 / π0.5: horizon, Euler
@@ -89,34 +97,45 @@ _EPISODE_ENV_KEYS = ("suite", "task_ids", "env_id", "control_mode", "obs_mode", 
 
 def check_sft_evaluation(cfg: SFTJobConfig) -> None:
     """Refuse an RL stage whose final evaluation could not be compared with the SFT
-    evaluation: other episode settings (:data:`_EPISODE_ENV_KEYS`) or another protocol than
-    the SFT record's (``sft/sft_record.json``; nothing to check without one).
+    evaluation trial by trial: other episode settings (:data:`_EPISODE_ENV_KEYS`), another
+    protocol or another number of trials per task (``eval.episodes``) than the SFT record's
+    (``sft/sft_record.json``; nothing to check without one).
 
     Raises:
-        rlinf_embodied.sft.gate.SFTCheckpointError: naming each difference and both fixes.
+        rlinf_embodied.sft.gate.SFTCheckpointError: naming each difference (both values) and
+            both fixes.
     """
-    from rlinf_embodied.sft.gate import RECORD_FILE, SFTCheckpointError
+    from rlinf_embodied.sft.gate import RECORD_FILE, SFTCheckpointError, recorded_trials
 
     path = cfg.run_dir() / "sft" / RECORD_FILE
     if not path.is_file():
         return
     rec = json.loads(path.read_text())
     env = rec.get("env") or {}
-    diffs = [f"env.{k}={_yaml(getattr(cfg.env, k, None))} (SFT: {_yaml(env[k])})"
+    diffs = [(f"env.{k}", getattr(cfg.env, k, None), env[k])
              for k in _EPISODE_ENV_KEYS if k in env and env[k] != getattr(cfg.env, k, None)]
     if rec.get("protocol") not in (None, cfg.eval.protocol):
-        diffs.append(f"eval.protocol={cfg.eval.protocol} (SFT: {rec['protocol']})")
+        diffs.append(("eval.protocol", cfg.eval.protocol, rec["protocol"]))
+    trials = recorded_trials(rec)
+    if trials not in (None, cfg.eval.episodes):
+        diffs.append(("eval.episodes", cfg.eval.episodes, trials))
     if diffs:
         raise SFTCheckpointError(
-            f"{', '.join(diffs)}: the SFT checkpoint in {path.parent} was evaluated under other "
-            "settings, and RL's final evaluation must run the same episodes to be compared "
-            "with it; drop these overrides, or re-run `rlinf-embodied sft` with them first.")
+            f"{', '.join(f'{k}={_yaml(now)} (SFT: {_yaml(was)})' for k, now, was in diffs)}: the "
+            f"SFT checkpoint in {path.parent} was evaluated under other settings, and RL's final "
+            "evaluation must run the same episodes to be compared with it; set "
+            f"{' '.join(f'{k}={_yaml(was)}' for k, _, was in diffs)} (the SFT evaluation's), or "
+            "re-run `rlinf-embodied sft` with these settings first.")
 
 
-def check_rl_dir_free(cfg: SFTJobConfig) -> None:
+def check_rl_dir_free(cfg: SFTJobConfig, resume_command: str | None = None) -> None:
     """Refuse to start an RL stage in a run directory that already holds an RL run (its
     metrics and checkpoints would be mixed with the new run's, and ``best`` could be the old
     run's policy).
+
+    Args:
+        cfg: the pipeline config.
+        resume_command: the ``finetune ... --resume`` command line to name (default: generic).
 
     Raises:
         rlinf_embodied.config.ConfigError: naming the directory and the fixes.
@@ -126,9 +145,11 @@ def check_rl_dir_free(cfg: SFTJobConfig) -> None:
 
     rl = cfg.run_dir() / "rl"
     if (rl / "metrics.jsonl").is_file() or list_checkpoints(rl):
+        command = resume_command or "rlinf-embodied finetune CONFIG [key=value ...] --resume"
         raise ConfigError(
-            f"{rl} already holds an RL run; `rlinf-embodied train --resume {rl}` continues it, "
-            f"or delete it (or set run.dir to a new directory) to start over.")
+            f"{rl} already holds an RL run; `{command}` continues it and writes the final "
+            f"evaluation and summary, or delete it (or set run.dir to a new directory) to start "
+            f"over.")
 
 
 def _recorded(path: Path, suite: bool) -> int:
@@ -414,14 +435,69 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     return job
 
 
-def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = None) -> dict[str, Any]:
+#: RL settings that may change on ``finetune --resume`` without changing what the uninterrupted
+#: run would do (``train --resume`` allows the same, rlinf_embodied/cli.py); others are warned
+#: about, and ``policy.*`` refused (the checkpoint holds the run's policy).
+_RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
+                "trainer.save_every", "trainer.keep_checkpoints", "trainer.max_restarts",
+                "trainer.restart_wait_s", "logging.", "eval.num_videos", "run.name", "run.dir",
+                "run.output_dir")
+
+
+def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
+    """The checkpoint ``finetune --resume`` continues the pipeline's RL run ``rl_dir`` from:
+    its newest complete one (damaged ones skipped with a warning), after comparing the run's
+    ``config.yaml`` with the RL job the pipeline config gives now (``job``).
+
+    Raises:
+        rlinf_embodied.config.ConfigError: ``rl_dir`` holds no RL run or no complete
+            checkpoint, or ``job`` has other ``policy.*`` settings than the run (each named).
+    """
+    from rlinf_embodied.checkpoint import latest_loadable_checkpoint
+    from rlinf_embodied.config import ConfigError, as_dict, flatten_dotted, load_config
+
+    if not (rl_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run `rlinf-embodied "
+                          "finetune` without --resume to start one.")
+    ckpt = latest_loadable_checkpoint(rl_dir, warn=log)
+    if ckpt is None:
+        raise ConfigError(f"--resume: no complete checkpoint in {rl_dir / 'checkpoints'} (the RL "
+                          f"run stopped before its first save); delete {rl_dir} and run "
+                          "`rlinf-embodied finetune` without --resume to start it again.")
+    was, now = (flatten_dotted(as_dict(c)) for c in (load_config(rl_dir / "config.yaml"), job))
+    skip = _RESUME_SAFE + (("trainer.pipeline_stages",) if job.placement == "auto" else ())
+    changed = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now))
+               if was.get(k) != now.get(k) and not k.startswith(skip)]
+    policy = [d for d in changed if d.startswith("policy.")]
+    if policy:
+        raise ConfigError(f"--resume: {'; '.join(policy)} (the RL run's config -> the pipeline's "
+                          "now) cannot change on resume, the checkpoint holds the run's policy; "
+                          "set them back in the pipeline config (rl.overrides), or start over in a "
+                          "new run.dir.")
+    if changed:
+        log(f"warning: resuming with changed settings {', '.join(changed)}; the result will "
+            "differ from an uninterrupted run.")
+    return ckpt
+
+
+def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = None,
+           resume: bool = False) -> dict[str, Any]:
     """Stage 3: the step-0 gate, RL fine-tuning from the SFT checkpoint, and the final
     held-out evaluation on the SFT evaluation's trials.
 
+    With ``resume`` (``finetune --resume``) the RL run in ``<run dir>/rl`` continues from its
+    newest complete checkpoint (:func:`resume_checkpoint`; as ``train --resume`` does) to the
+    configured ``trainer.iterations`` (none when it has done them), without a new gate when
+    ``rl/gate.json`` exists; the final evaluation is then that of an uninterrupted run
+    (``rl_state.json``'s ``wall_s`` counts this command's training, ``resumed_from`` the
+    iteration it continued from).
+
     Raises:
+        rlinf_embodied.config.ConfigError: ``resume`` and nothing to continue
+            (:func:`resume_checkpoint`).
         rlinf_embodied.sft.gate.GateError: the gate refused the SFT checkpoint.
         rlinf_embodied.sft.gate.SFTCheckpointError: no SFT checkpoint, one of another family,
-            or one evaluated under other episode settings (:func:`check_sft_evaluation`).
+            or one evaluated under other episode settings or trials (:func:`check_sft_evaluation`).
         KeyboardInterrupt: the RL run was stopped by Ctrl-C (its checkpoint is saved; the
             command says how to go on).
     """
@@ -433,23 +509,39 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     job = validate_rl_stage(cfg, extra_overrides)
     check_sft_evaluation(cfg)
     rl_dir = Path(job.run.run_dir())
+    ckpt = resume_checkpoint(job, rl_dir, log) if resume else None
+    if ckpt is not None and (rl_dir / "gate.json").is_file():
+        gate = json.loads((rl_dir / "gate.json").read_text())
+        log(f"step-0 gate: {rl_dir / 'gate.json'} (the RL run's, not measured again)")
+    else:
+        t0 = time.perf_counter()
+        gate = check_gate(job.policy.checkpoint or job.policy.pretrained, job.env, rl_dir,
+                          episodes=cfg.eval.gate_episodes, tolerance=cfg.eval.gate_tolerance,
+                          log=log, policy_type=job.policy.type)
+        gate["wall_s"] = time.perf_counter() - t0
+        atomic_write_json(rl_dir / "gate.json", gate)
     t0 = time.perf_counter()
-    gate = check_gate(job.policy.checkpoint or job.policy.pretrained, job.env, rl_dir,
-                      episodes=cfg.eval.gate_episodes, tolerance=cfg.eval.gate_tolerance, log=log,
-                      policy_type=job.policy.type)
-    gate["wall_s"] = time.perf_counter() - t0
-    atomic_write_json(rl_dir / "gate.json", gate)
-    t0 = time.perf_counter()
-    runner = EmbodiedRunner(job, rl_dir)
-    state = runner.run()
-    if runner.interrupted:  # Ctrl-C: the runner saved a checkpoint; no evaluation, no summary
-        raise KeyboardInterrupt
-    state["wall_s"] = time.perf_counter() - t0
+    done = json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None else None
+    if done is not None and done["iteration"] >= job.trainer.iterations:  # only the evaluation
+        log(f"rl: {ckpt.name} has done trainer.iterations={job.trainer.iterations}")
+        old = rl_dir / "rl_state.json"  # of the command that finished training, if it got there
+        old = json.loads(old.read_text()) if old.is_file() else {}
+        state = old if old.get("iteration") == done["iteration"] else {**done, "wall_s": None}
+    else:
+        runner = EmbodiedRunner(job, rl_dir, resume=ckpt is not None, checkpoint=ckpt)
+        state = runner.run()
+        if runner.interrupted:  # Ctrl-C: the runner saved a checkpoint; no evaluation, no summary
+            raise KeyboardInterrupt
+        state["wall_s"] = time.perf_counter() - t0
+        if done is not None:
+            state["resumed_from"] = done["iteration"]
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
     ckpt = best if cfg.eval.rl_checkpoint == "best" and best.is_dir() else rl_dir  # rl_dir: latest
+    tasks = len(cfg.env.env_ids())
     log(f"rl: {state['iteration']} iterations, {state['env_steps']:,} env steps; evaluating "
-        f"{ckpt} on the SFT evaluation's {cfg.eval.episodes} held-out trials")
+        f"{ckpt} on the SFT evaluation's {cfg.eval.episodes * tasks} held-out trials"
+        + (f" ({cfg.eval.episodes} per task)" if tasks > 1 else ""))
     t0 = time.perf_counter()
     ev = evaluate_checkpoint(ckpt, cfg.env, rl_dir / "final_eval.json", cfg.eval.episodes,
                              protocol=cfg.eval.protocol, num_envs=cfg.eval.num_envs,
@@ -460,85 +552,6 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     log(f"rl: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f})"
         + (f", success_at_end {at_end:.3f}" if at_end is not None else ""))
     return {"gate": gate, "state": state, "checkpoint": str(ckpt), "evaluation": ev}
-
-
-def summarize(cfg: SFTJobConfig) -> dict[str, Any]:
-    """``summary.json``: SFT and RL results on the same trials, Wilson intervals, McNemar, and
-    the step-0 gate's result (greedy and sampled success of the SFT checkpoint)."""
-    from rlinf_embodied.eval.report import compare
-
-    run = cfg.run_dir()
-    sft_eval, rl_eval = run / "sft" / "eval.json", run / "rl" / "final_eval.json"
-    c = compare(sft_eval, rl_eval).to_dict()
-    rec = json.loads((run / "sft" / "sft_record.json").read_text())
-    from rlinf_embodied.eval.results import ResultsFile
-
-    rl_summary = ResultsFile.load(rl_eval).summary()
-    rl = rl_summary["overall"]
-    suite = getattr(cfg.env, "suite", None)
-    out = {"env_id": cfg.env.env_id if suite is None else None, "suite": suite,
-           "sft": rec["evaluation"],
-           "rl": {"rate": rl["rate"], "ci95": rl["ci95"],
-                  "success_at_end_rate": rl.get("success_at_end_rate"),
-                  "success_at_end_ci95": rl.get("success_at_end_ci95"),
-                  "episodes": rl["episodes"],
-                  "per_task": {k: {"rate": v["rate"], "ci95": v["ci95"], "episodes": v["episodes"],
-                                   "instruction": v.get("instruction")}
-                               for k, v in rl_summary["per_task"].items()}},
-           "paired": c["overall"], "paired_per_task": c["per_task"]}
-    gate = run / "rl" / "gate.json"
-    if gate.is_file():  # the step-0 gate: greedy and sampled success of the SFT checkpoint
-        out["gate"] = json.loads(gate.read_text())
-    out["stages"] = stage_costs(cfg)
-    atomic_write_json(run / "summary.json", out)
-    return out
-
-
-def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
-    """Wall seconds and env steps of each stage that left its record: ``demos`` (generation
-    record of a suite's demos, when this pipeline generated them), ``sft`` (training),
-    ``sft_eval``, ``gate``, ``rl``, ``rl_eval``. Evaluation env steps are summed from the
-    results files."""
-    from rlinf_embodied.eval.results import ResultsFile
-
-    run = cfg.run_dir()
-    out: dict[str, Any] = {}
-
-    def read(p: Path) -> dict | None:
-        return json.loads(p.read_text()) if p.is_file() else None
-
-    def eval_steps(p: Path) -> int:
-        return sum(int(e.steps) for e in ResultsFile.load(p).episodes) if p.is_file() else 0
-
-    e = cfg.env
-    if getattr(e, "suite", None) is not None:
-        from rlinf_embodied.sft.vla_demos import suite_generation_record
-
-        gen = read(suite_generation_record(cfg.demos.dir, e.suite, e.control_mode,
-                                           e.sensor_size, cfg.demos.stride))
-        if gen:
-            out["demos"] = {"wall_s": gen["wall_s"], "env_steps": gen["env_steps"]}
-    bc = read(run / "sft" / "bc_metrics.json")
-    if bc:
-        out["sft"] = {"wall_s": bc.get("bc/seconds"), "env_steps": 0}
-    rec = read(run / "sft" / "sft_record.json")
-    if rec:
-        out["sft_eval"] = {"wall_s": rec["evaluation"].get("wall_s"),
-                           "env_steps": eval_steps(run / "sft" / "eval.json")}
-    gate = read(run / "rl" / "gate.json")
-    if gate:
-        out["gate"] = {"wall_s": gate.get("wall_s"),
-                       "env_steps": eval_steps(run / "rl" / "gate_eval.json")
-                       + eval_steps(run / "rl" / "gate_sampled.json")}
-    state = read(run / "rl" / "rl_state.json")
-    if state:
-        out["rl"] = {"wall_s": state.get("wall_s"), "env_steps": state.get("env_steps"),
-                     "iterations": state.get("iteration")}
-    final = read(run / "rl" / "final_eval_summary.json")
-    if final:
-        out["rl_eval"] = {"wall_s": final.get("wall_s"),
-                          "env_steps": eval_steps(run / "rl" / "final_eval.json")}
-    return out
 
 
 def run_sft_rl(cfg: SFTJobConfig, log=print) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def test_sampled_success_is_greedy_at_tiny_noise_and_fails_with_wide_noise(pipel
     assert wide["ci95"][0] == 0.0 < wide["ci95"][1]
 
 
-def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path):
+def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path, capsys):
     from rlinf_embodied.eval.results import ResultsFile
     from rlinf_embodied.policies import build_policy, load_policy, save_policy
 
@@ -126,8 +126,14 @@ def test_gate_passes_the_sft_checkpoint_and_refuses_a_bad_one(pipeline, tmp_path
     ckpt = cfg.run_dir() / "sft" / "policy"
     job = load_config("configs/maniskill_pushcube_ppo_mlp_finetune.yaml",
                       [f"policy.checkpoint={ckpt}", "env.num_processes=0"])
+    capsys.readouterr()
     res = gate_for_job(job, tmp_path / "good")  # what `train` runs before starting RL
     assert res["passed"] and res["measured"] == res["recorded"] == out["evaluation"]["rate"]
+    assert res["tasks"] == ["PushCube-v1"]
+    # the re-evaluations take the SFT record's sensor_size; the greedy one says so, once a gate
+    assert capsys.readouterr().err.count("the policy's env settings from its run") == 1
+    for name in ("gate_eval.json", "gate_sampled.json"):
+        assert ResultsFile.load(tmp_path / "good" / name).header["env_config"]["sensor_size"] == 128
     # the re-evaluations run with the RL job's env.num_processes (0: in-process)
     for name in ("gate_eval.json", "gate_sampled.json"):
         assert ResultsFile.load(tmp_path / "good" / name).header["num_processes"] == 0
@@ -196,14 +202,18 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 130, r.output
     text = " ".join(r.output.split())
-    # the command to go on carries the overrides given
-    assert (f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'} (`rlinf-embodied finetune {config} "
-            f"run.dir={tmp_path / 'run'} demos.dir={tmp_path / 'demos'}` runs the gate") in text
-    assert f"`rlinf-embodied train --resume {tmp_path / 'run' / 'rl'}` continues the RL run" in text
-    assert "Traceback" not in r.output
+    # the command to go on carries the overrides given; with an RL run saved it is --resume
+    # (a plain `finetune` would be refused), which also writes the final evaluation and summary
+    command = (f"rlinf-embodied finetune {config} run.dir={tmp_path / 'run'} "
+               f"demos.dir={tmp_path / 'demos'}")
+    assert f"the SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'};" in text
+    assert (f"RL checkpoints in {ckpt.parent} (`{command} --resume` continues the RL run, then "
+            "writes the final evaluation and summary)") in text
+    assert "train --resume" not in text and "Traceback" not in r.output
     # a second RL run in the same directory would mix with the first: refused before any stage
     r = CliRunner().invoke(app, args)
-    assert r.exit_code == 2 and "already holds an RL run; `rlinf-embodied train --resume" in r.output
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"already holds an RL run; `{command} --resume` continues it" in text
     # files older than this command are an earlier run's: not offered as this one's
     import os
     import shutil
@@ -213,7 +223,8 @@ def test_ctrl_c_in_a_stage_says_what_was_saved_and_how_to_go_on(tmp_path, monkey
     monkeypatch.setattr(pipeline_module, "run_sft", interrupted)
     text = " ".join(CliRunner().invoke(app, ["sft", *args[1:]]).output.split())
     assert "continues the RL run" not in text
-    assert (f"no RL checkpoint of this command (those in {ckpt.parent} are an earlier run's)") in text
+    assert (f"no RL checkpoint of this command (those in {ckpt.parent} are an earlier run's; "
+            f"`{command} --resume` continues it)") in text
     assert f"an earlier run's SFT checkpoint {tmp_path / 'run' / 'sft' / 'policy'}" in text
     shutil.rmtree(tmp_path / "run" / "rl")
 
@@ -234,7 +245,7 @@ def test_an_interrupted_rl_stage_is_not_evaluated_as_finished(tmp_path, monkeypa
     from rlinf_embodied.sft.pipeline import load_sft_config, run_rl
 
     class StoppedRunner:  # what EmbodiedRunner.run leaves after a Ctrl-C: a checkpoint saved
-        def __init__(self, job, run_dir):
+        def __init__(self, job, run_dir, resume=False, checkpoint=None):
             self.interrupted = False
 
         def run(self):
@@ -279,5 +290,163 @@ def test_finetune_refuses_other_episode_settings_than_the_sft_evaluation(tmp_pat
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert ("env.max_episode_steps=20 (SFT: 100): the SFT checkpoint in" in out
-            and "drop these overrides, or re-run `rlinf-embodied sft` with them first" in out), out
+            and "set env.max_episode_steps=100 (the SFT evaluation's), or re-run `rlinf-embodied "
+                "sft` with these settings first" in out), out
     assert "Traceback" not in r.output and not (run / "rl" / "gate.json").exists()
+    # RL's final evaluation must run as many trials per task as the SFT evaluation, or McNemar
+    # pairs only the shared ones: the record's (or, in an older record, its evaluation's) count
+    for trials in ({"trials_per_task": 2}, {"evaluation": {"per_task": {"PushCube-v1": {"episodes": 2}}}}):
+        (run / "sft" / "sft_record.json").write_text(json.dumps({**record, **trials}))
+        r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={run}"])
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2, r.output
+        assert ("eval.episodes=100 (SFT: 2): the SFT checkpoint in" in out
+                and "set eval.episodes=2 (the SFT evaluation's), or re-run" in out), out
+    assert not (run / "rl" / "gate.json").exists()
+
+
+def _results(path, env_id, successes, suite=None):
+    """A results file of ``successes`` ({task: [success of trial 0, 1, ...]}) as an evaluation
+    writes it, and what :func:`~rlinf_embodied.sft.gate.evaluate_checkpoint` returns for it."""
+    from rlinf_embodied.eval.results import Episode, ResultsFile
+
+    header = {"env": "maniskill", "suite": suite, "env_id": env_id, "batch_invariant": True,
+              "protocol": {"id": "maniskill_fair_v1", "fingerprint": "f"}, "env_config": {}}
+    eps = [Episode(task=t, trial=i, success=ok, steps=10) for t, oks in successes.items()
+           for i, ok in enumerate(oks)]
+    res = ResultsFile(path, header, eps)
+    res.save()
+    o = res.summary()["overall"]
+    return {"rate": o["rate"], "ci95": o["ci95"], "successes": o["successes"],
+            "episodes": o["episodes"], "results": str(path), "success_at_end_rate": None,
+            "per_task": {k: {"rate": v["rate"], "ci95": v["ci95"], "episodes": v["episodes"]}
+                         for k, v in res.summary()["per_task"].items()}}
+
+
+def test_gate_of_an_rl_env_on_fewer_tasks_compares_the_recorded_trials_of_those(tmp_path, monkeypatch):
+    # SFT evaluated on tasks 0, 1, 2 of a suite; the RL run trains on tasks 0 and 1 only
+    # (rl.overrides=[env.task_ids=[0,1]]): the gate re-evaluates those, so its recorded side
+    # must be their trials too (3 of 4 succeeded), not every task's (3 of 6)
+    import types
+
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.config import config_class
+    from rlinf_embodied.sft.gate import SFTCheckpointError, check_gate, write_record
+
+    def env(**kw):
+        return config_class("env", "maniskill")(suite="maniskill_lang3", obs_mode="rgb",
+                                                control_mode="pd_ee_delta_pose", **kw)
+
+    sft = tmp_path / "sft"
+    (sft / "policy").mkdir(parents=True)
+    ev = _results(sft / "eval.json", None, {0: [True, True], 1: [True, False], 2: [False, False]},
+                  suite="maniskill_lang3")
+    write_record(sft, ev, env(), types.SimpleNamespace(protocol="maniskill_lang3_v1", episodes=2,
+                                                       gate_episodes=2, gate_tolerance=0.3))
+    ran = []
+
+    def re_evaluation(checkpoint, env_cfg, output, trials, **kw):  # task 1's trial 0 fails now
+        ran.append(env_cfg.suite_task_ids())
+        return _results(output, None, {0: [True, True], 1: [False, False]}, suite="maniskill_lang3")
+
+    monkeypatch.setattr(gate, "evaluate_checkpoint", re_evaluation)
+    lines = []
+    res = check_gate(sft / "policy", env(task_ids=[0, 1]), tmp_path / "rl", sampled=False,
+                     log=lines.append)
+    assert ran == [[0, 1]]
+    assert res["recorded"] == 0.75 and res["measured"] == 0.5 and res["episodes"] == 4
+    assert res["tasks"] == ["0", "1"] and res["differing_trials"] == ["1:0"] and res["passed"]
+    assert json.loads((tmp_path / "rl" / "gate.json").read_text())["tasks"] == ["0", "1"]
+    assert "on trials 0..1 of tasks 0, 1 (the RL env's; recorded: 0, 1, 2)" in lines[0], lines
+    # every task: the recorded side is all six trials
+    monkeypatch.setattr(gate, "evaluate_checkpoint", lambda c, e, output, t, **kw: _results(
+        output, None, {0: [True, True], 1: [True, False], 2: [False, False]}, suite="maniskill_lang3"))
+    res = check_gate(sft / "policy", env(), tmp_path / "all", sampled=False, log=lines.append)
+    assert res["recorded"] == res["measured"] == 0.5 and res["tasks"] == ["0", "1", "2"]
+    assert res["differing_trials"] == [] and res["episodes"] == 6
+    # an RL env that runs none of the recorded tasks: refused before anything runs
+    single = config_class("env", "maniskill")(env_id="PushCube-v1")
+    with pytest.raises(SFTCheckpointError, match=r"has no trials of the RL env's tasks "
+                                                 r"\(PushCube-v1; recorded: 0, 1, 2\)"):
+        check_gate(sft / "policy", single, tmp_path / "none", sampled=False)
+
+
+def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp_path, monkeypatch):
+    # The RL stage stopped by Ctrl-C after 1 iteration (a checkpoint saved); `finetune
+    # --resume` continues it from that checkpoint to the configured iterations without a new
+    # gate, then writes the final evaluation and summary as an uninterrupted finetune does.
+    from typer.testing import CliRunner
+
+    import rlinf_embodied.runners.embodied as embodied
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir
+    from rlinf_embodied.cli import app
+    from rlinf_embodied.config import save_config
+    from rlinf_embodied.sft.gate import write_record
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    run = tmp_path / "run"
+    args = ["finetune", CONFIG, f"run.dir={run}", "eval.episodes=2"]
+    cfg = load_sft_config(CONFIG, args[2:])
+    (run / "sft" / "policy").mkdir(parents=True)
+    write_record(run / "sft", _results(run / "sft" / "eval.json", "PushCube-v1",
+                                       {"PushCube-v1": [True, False]}), cfg.env, cfg.eval)
+    made, gates = [], []
+
+    class Runner:  # EmbodiedRunner's contract: resume from `checkpoint`, save, Ctrl-C flag
+        def __init__(self, job, run_dir, resume=False, checkpoint=None):
+            self.job, self.run_dir, self.interrupted = job, run_dir, False
+            self.state = (json.loads((checkpoint / "runner_state.json").read_text()) if resume
+                          else {"iteration": 0, "env_steps": 0})
+            made.append((resume, checkpoint and checkpoint.name))
+            if not resume:
+                save_config(job, run_dir)
+
+        def run(self):
+            stop = 1 if len(made) == 1 else self.job.trainer.iterations  # the first: Ctrl-C
+            while self.state["iteration"] < stop:
+                self.state = {"iteration": self.state["iteration"] + 1,
+                              "env_steps": self.state["env_steps"] + 32}
+                with checkpoint_dir(self.run_dir, f"iter_{self.state['iteration']:06d}") as d:
+                    atomic_write_json(d / "runner_state.json", self.state)
+            self.interrupted = stop < self.job.trainer.iterations
+            return self.state
+
+    monkeypatch.setattr(embodied, "EmbodiedRunner", Runner)
+    monkeypatch.setattr(gate, "check_gate", lambda *a, **k: gates.append(1) or {"passed": True})
+    monkeypatch.setattr(gate, "evaluate_checkpoint", lambda c, e, output, trials, **k: _results(
+        output, "PushCube-v1", {"PushCube-v1": [True, True][:trials]}))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 130, r.output
+    command = f"rlinf-embodied finetune {CONFIG} run.dir={run} eval.episodes=2 --resume"
+    assert f"`{command}` continues the RL run" in " ".join(r.output.split())
+    assert not (run / "rl" / "final_eval.json").exists() and not (run / "summary.json").exists()
+    # nothing to resume elsewhere; a policy that is not the run's cannot go on from its weights
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={tmp_path / 'other'}", "--resume"])
+    assert r.exit_code == 2 and "holds no RL run to continue" in r.output, r.output
+    r = CliRunner().invoke(app, [*args, "rl.overrides=['policy.hidden_sizes=[32,32]']", "--resume"])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "policy.hidden_sizes: [256, 256, 256] -> [32, 32]" in out, out
+    assert len(made) == 1
+
+    r = CliRunner().invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "changed settings" not in r.output  # the RL job is the run's own
+    from rlinf_embodied.sft.pipeline import validate_rl_stage
+
+    iterations = validate_rl_stage(cfg).trainer.iterations  # rl.config's
+    assert iterations > 1
+    assert made[1] == (True, "iter_000001") and gates == [1]  # gate.json of the first part
+    state = json.loads((run / "rl" / "rl_state.json").read_text())
+    assert state["iteration"] == iterations and state["resumed_from"] == 1
+    assert state["env_steps"] == 32 * iterations
+    assert "on the SFT evaluation's 2 held-out trials" in r.output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sft"]["rate"] == 0.5 and summary["rl"]["rate"] == 1.0
+    assert summary["rl"]["episodes"] == 2 and summary["paired"]["pairs"] == 2
+    assert summary["stages"]["rl"]["iterations"] == iterations
+    # a finished run: --resume trains no further and evaluates it again
+    r = CliRunner().invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0 and len(made) == 2, r.output
+    assert f"iter_{iterations:06d} has done trainer.iterations={iterations}" in r.output
+    assert json.loads((run / "rl" / "rl_state.json").read_text()) == state
