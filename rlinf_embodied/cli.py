@@ -164,11 +164,8 @@ def _fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
-# Settings that may change on --resume without changing what an uninterrupted run would do
-# (where the run lives may not change at all: _resume_config refuses run.name/dir/output_dir).
-_RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
-                "trainer.save_every", "trainer.keep_checkpoints", "trainer.max_restarts",
-                "trainer.restart_wait_s", "logging.", "eval.num_videos")
+# Settings that may change on --resume: config.RESUME_SAFE_KEYS (where the run lives may not
+# change at all: _resume_config refuses run.name/dir/output_dir).
 
 
 def _self_command() -> str:
@@ -204,7 +201,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     import json
 
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
-    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, load_config
 
     run_dir = Path(resume)
     if not run_dir.is_dir():
@@ -249,7 +246,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"stopped before its first save); start it again without --resume."
         )
     done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
-    changed = [d for d in _config_diff(saved, cfg, skip=()) if not d.startswith(_RESUME_SAFE)]
+    changed = [d for d in _config_diff(saved, cfg, skip=()) if not d.startswith(RESUME_SAFE_KEYS)]
     policy_changed = [d for d in changed if d.startswith("policy.")]
     if policy_changed:  # the checkpoint's weights are of the run's policy: refuse before Ray
         raise ConfigError(

@@ -31,7 +31,7 @@ from rlinf_embodied.config.components import config_class
 from rlinf_embodied.config.components import type_names as config_types
 from rlinf_embodied.config.elastic import ElasticConfig, PreemptionConfig, PreemptionEvent
 from rlinf_embodied.config.errors import ConfigError, ConfigWarning, field_type_name, suggest
-from rlinf_embodied.config.job import CRITIC_FREE_ADVANTAGES, JobConfig
+from rlinf_embodied.config.job import CRITIC_FREE_ADVANTAGES, RESUME_SAFE_KEYS, JobConfig
 from rlinf_embodied.config.loading import (
     as_dict,
     check_registered_env_id,
@@ -78,6 +78,7 @@ __all__ = [
     "EvalConfig",
     "LoggingConfig",
     "CRITIC_FREE_ADVANTAGES",
+    "RESUME_SAFE_KEYS",
     "ElasticConfig",
     "PreemptionConfig",
     "PreemptionEvent",

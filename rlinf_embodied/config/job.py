@@ -29,11 +29,17 @@ from rlinf_embodied.config.sections import (
     TrainerConfig,
 )
 
-__all__ = ["CRITIC_FREE_ADVANTAGES", "JobConfig"]
+__all__ = ["CRITIC_FREE_ADVANTAGES", "JobConfig", "RESUME_SAFE_KEYS"]
 
 CRITIC_FREE_ADVANTAGES = ("grpo", "reinforce_pp")
 """Built-in advantage estimators that ignore the critic's values
 (``rlinf_embodied.algorithms.advantages``)."""
+
+RESUME_SAFE_KEYS = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
+                    "trainer.save_every", "trainer.keep_checkpoints", "trainer.max_restarts",
+                    "trainer.restart_wait_s", "logging.", "eval.num_videos")
+"""Dotted config keys (prefixes) that may change when a run is resumed (``train --resume``,
+``finetune --resume``) without changing what the uninterrupted run would have done."""
 
 
 @dataclass

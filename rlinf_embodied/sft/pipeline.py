@@ -435,13 +435,10 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     return job
 
 
-#: RL settings that may change on ``finetune --resume`` without changing what the uninterrupted
-#: run would do (``train --resume`` allows the same, rlinf_embodied/cli.py); others are warned
-#: about, and ``policy.*`` refused (the checkpoint holds the run's policy).
-_RESUME_SAFE = ("trainer.iterations", "trainer.max_time_s", "trainer.eval_every",
-                "trainer.save_every", "trainer.keep_checkpoints", "trainer.max_restarts",
-                "trainer.restart_wait_s", "logging.", "eval.num_videos", "run.name", "run.dir",
-                "run.output_dir")
+#: RL settings that may change on ``finetune --resume``: those ``train --resume`` allows
+#: (:data:`rlinf_embodied.config.RESUME_SAFE_KEYS`) and where the run lives (the pipeline sets
+#: ``run.dir`` itself); others are warned about, and ``policy.*`` refused.
+_RESUME_SAFE = ("run.name", "run.dir", "run.output_dir")
 
 
 def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
@@ -454,7 +451,8 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
             checkpoint, or ``job`` has other ``policy.*`` settings than the run (each named).
     """
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
-    from rlinf_embodied.config import ConfigError, as_dict, flatten_dotted, load_config
+    from rlinf_embodied.config import (RESUME_SAFE_KEYS, ConfigError, as_dict, flatten_dotted,
+                                       load_config)
 
     if not (rl_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run `rlinf-embodied "
@@ -465,7 +463,8 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
                           f"run stopped before its first save); delete {rl_dir} and run "
                           "`rlinf-embodied finetune` without --resume to start it again.")
     was, now = (flatten_dotted(as_dict(c)) for c in (load_config(rl_dir / "config.yaml"), job))
-    skip = _RESUME_SAFE + (("trainer.pipeline_stages",) if job.placement == "auto" else ())
+    skip = RESUME_SAFE_KEYS + _RESUME_SAFE + (
+        ("trainer.pipeline_stages",) if job.placement == "auto" else ())
     changed = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now))
                if was.get(k) != now.get(k) and not k.startswith(skip)]
     policy = [d for d in changed if d.startswith("policy.")]
