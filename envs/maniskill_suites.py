@@ -45,10 +45,14 @@ class SuiteTask:
     Attributes:
         env_id: registered ManiSkill3 env id with a motion-planning solution.
         instruction: the language instruction given to the policy.
+        demo_steps: typical length of the task's planned demos in env steps (measured; None
+            when unknown). Only used to record the longest tasks' demos first, so that
+            ``demos.processes`` workers finish together (longest-processing-time-first order).
     """
 
     env_id: str
     instruction: str
+    demo_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -227,9 +231,9 @@ def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 register_suite(ManiSkillSuite(
     name="maniskill_lang3",
     tasks=(
-        SuiteTask("PushCube-v1", "push the cube to the goal region"),
-        SuiteTask("PullCube-v1", "pull the cube to the goal region"),
-        SuiteTask("StackCube-v1", "stack the red cube on top of the green cube"),
+        SuiteTask("PushCube-v1", "push the cube to the goal region", demo_steps=70),
+        SuiteTask("PullCube-v1", "pull the cube to the goal region", demo_steps=70),
+        SuiteTask("StackCube-v1", "stack the red cube on top of the green cube", demo_steps=110),
     ),
     # The motion planner's demos take 62-79 steps (PushCube, PullCube) and 94-123 (StackCube),
     # converted with demos.stride=2 31-40 and 53-64 (rlinf_embodied/sft/vla_demos.py).

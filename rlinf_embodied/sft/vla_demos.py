@@ -120,8 +120,10 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
     for env_id in env_cfg.env_ids():
         check_solvable(env_id)
     t0 = time.perf_counter()
+    # longest tasks first: with fewer workers than tasks, the short ones fill in beside them
+    order = sorted(env_cfg.suite_task_ids(), key=lambda t: -(suite.tasks[t].demo_steps or 0))
     jobs = [(env_cfg, str(directory), suite.tasks[t].env_id, suite.tasks[t].instruction, per_task,
-             seed, per_task * max_attempts_factor, stride) for t in env_cfg.suite_task_ids()]
+             seed, per_task * max_attempts_factor, stride) for t in order]
     result = SuiteDemoSet()
     workers = max(1, min(processes, len(jobs)))
     if workers == 1:
@@ -129,7 +131,8 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
     else:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver")) as pool:
             outs = list(pool.map(_task_demos, *zip(*jobs)))
-    for out in outs:
+    ids = env_cfg.env_ids()
+    for out in sorted(outs, key=lambda o: ids.index(o["env_id"])):  # the suite's order again
         for line in out["log"]:
             log(line)
         e = out["env_id"]
