@@ -9,7 +9,9 @@ families and reused when present) and reads its ``summary.json`` and the RL run'
 * ``sft_success`` / ``rl_success``: success over every held-out trial of the suite's protocol
   (``maniskill_lang3_v1``, the same trials for both), with Wilson 95% intervals, and per task;
 * ``mcnemar_p``: McNemar's exact paired test of the two on the same trials;
-* ``stages``: wall seconds and env steps of demos, SFT, SFT evaluation, gate, RL, RL evaluation;
+* ``stages``: wall seconds and env steps of demos, SFT, SFT evaluation, gate, RL, RL evaluation
+  (demos another run recorded, e.g. ``--demos DIR`` or an earlier family's: ``reused: true``,
+  ``wall_s`` this run's few seconds, the recording's time in ``recorded_wall_s``);
 * ``rollout_vs_train_logprob_max_abs_diff``: the largest |rollout log-prob - recomputed
   log-prob| of the first minibatch of every update (``train/rollout_logprob_diff_max``; about 0
   when rollout and training compute the same distribution);
@@ -20,6 +22,12 @@ families and reused when present) and reads its ``summary.json`` and the RL run'
 (1 demo per task, 2 tasks, 32 px (π0 / π0.5: the 32 px ``tiny`` preset), 30 SFT steps, 2 RL
 iterations, 2 trials per task); its success rates mean nothing. ``--summarize DIR ...`` reads finished pipeline directories
 instead of running. Prints one JSON line last: ``{"families": {"<name>": {...}}, ...}``.
+
+While a pipeline runs its output goes to stderr line by line, as ``[<family> +MM:SS] <line>``
+(and to ``<run dir>/bench_log.txt``). Ctrl-C is forwarded to the pipeline, which stops as at a
+terminal (the RL stage finishes its iteration and saves; a second Ctrl-C aborts) and shuts Ray
+and its env pools down; then the JSON line is printed (the family with ``interrupted: true``)
+and the script exits 130.
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,23 +71,158 @@ def family_of(run_dir: str | Path) -> str:
     return "openvla"
 
 
-def run_family(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> dict:
-    """Run the family's ``sft-rl`` pipeline in ``run_dir``; returns :func:`summarize_run`."""
-    cmd = [sys.executable, "-m", "rlinf_embodied.cli", "sft-rl", CONFIGS[family],
-           f"run.dir={run_dir}", f"demos.dir={demos_dir}", *extra]
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+def pipeline_command(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> list[str]:
+    """The ``rlinf-embodied sft-rl`` command line of ``family``'s pipeline in ``run_dir``."""
+    return [sys.executable, "-m", "rlinf_embodied.cli", "sft-rl", CONFIGS[family],
+            f"run.dir={run_dir}", f"demos.dir={demos_dir}", *extra]
+
+
+def generation_records(demos_dir: str | Path) -> dict[str, int]:
+    """Path -> modification time (ns) of every demo generation record under ``demos_dir``
+    (``generation*.json``, written when a pipeline records demos); taken before and after a
+    pipeline, it says whether that pipeline recorded demos or reused another run's."""
+    root = Path(demos_dir)
+    if not root.is_absolute():
+        root = ROOT / root  # the pipeline runs in ROOT
+    if not root.is_dir():
+        return {}
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("generation*.json")}
+
+
+#: the line the pipeline logs when it reuses recorded demos (rlinf_embodied/sft/pipeline.py)
+DEMOS_REUSED_LINE = "demos: using "
+
+PIPE_GRACE_S = 10.0
+"""Seconds the relay waits for the end of the pipeline's output after the pipeline exited (a
+process it left behind would hold the pipe open)."""
+
+
+def demos_stage(stages: dict, recorded_here: bool, reuse_s: float | None) -> dict:
+    """``stages`` (the pipeline's ``summary.json`` stage costs) with its ``demos`` entry saying
+    whether this run recorded the demos. The pipeline reads the suite's generation record,
+    which holds the wall time of the run that recorded them; when this run reused them, that
+    time moves to ``recorded_wall_s`` / ``recorded_env_steps`` and ``wall_s`` / ``env_steps``
+    are what this run spent (``reuse_s``: seconds from the pipeline's start until it logged
+    the reuse, process start and config checks included; None when it logged none)."""
+    demos = stages.get("demos")
+    if demos is None:
+        return stages
+    if recorded_here:
+        entry = {**demos, "reused": False}
+    else:
+        entry = {"reused": True, "wall_s": None if reuse_s is None else round(reuse_s, 1),
+                 "env_steps": 0, "recorded_wall_s": demos.get("wall_s"),
+                 "recorded_env_steps": demos.get("env_steps")}
+    return {**stages, "demos": entry}
+
+
+def stream_pipeline(cmd: list[str], family: str, log_path: Path, env: dict | None = None,
+                    echo=None) -> dict:
+    """Run ``cmd`` (a pipeline) in ROOT and relay its output while it runs: each line to
+    ``log_path`` and to ``echo`` (default: stderr) as ``[family +MM:SS] line``.
+
+    The pipeline runs in its own session, so a Ctrl-C at the terminal reaches it only through
+    this process: SIGINT / SIGTERM received here are forwarded to it (its CLI then stops as
+    it does at a terminal: the RL stage finishes its iteration, saves, and shuts Ray and the
+    env pools down; a second Ctrl-C aborts) and this function keeps relaying until it exits.
+    It is never killed from here: ``subprocess.run`` SIGKILLs its child 0.25 s after a
+    Ctrl-C, which left Ray's DashboardAgent / RuntimeEnvAgent running (their raylet and GCS
+    die with the killed driver, while the agents wait for the dead GCS forever).
+
+    Returns:
+        ``returncode``, ``wall_s``, ``tail`` (the last 8 lines), ``interrupted`` (a signal
+        was forwarded) and ``demos_reused_s`` (seconds until the pipeline logged that it
+        reuses recorded demos, or None).
+    """
+    import signal
+    from collections import deque
+
+    echo = echo or sys.stderr
     t0 = time.perf_counter()
+    tail: deque = deque(maxlen=8)
+    forwarded: list[int] = []
+    reused_s = None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum, _frame) -> None:
+        forwarded.append(signum)
+        if procs and procs[0].poll() is None:
+            procs[0].send_signal(signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, forward) for s in signals} if main_thread else {}
+    try:
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, errors="replace", start_new_session=True))
+        proc = procs[0]
+        if forwarded:  # a Ctrl-C before it started
+            proc.send_signal(forwarded[-1])
+        lines: queue.Queue = queue.Queue()
+
+        def read() -> None:  # in a thread, so that the wait below can give up (PIPE_GRACE_S)
+            for text in proc.stdout:
+                lines.put(text)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        try:
+            with open(log_path, "w") as log:
+                exited_at = None
+                while True:
+                    try:
+                        line = lines.get(timeout=1.0)
+                    except queue.Empty:  # a process it left may hold the pipe open: not forever
+                        if exited_at is None and proc.poll() is not None:
+                            exited_at = time.monotonic()
+                        if exited_at is not None and time.monotonic() - exited_at > PIPE_GRACE_S:
+                            break
+                        continue
+                    if line is None:
+                        break
+                    now = time.perf_counter() - t0
+                    if reused_s is None and line.startswith(DEMOS_REUSED_LINE):
+                        reused_s = now
+                    log.write(line)
+                    log.flush()
+                    echo.write(f"[{family} +{int(now) // 60:02d}:{int(now) % 60:02d}] {line}")
+                    echo.flush()
+                    tail.append(line.rstrip("\n"))
+        except BaseException:  # relaying failed: the pipeline stops as after a Ctrl-C, and ends
+            if proc.poll() is None and not forwarded:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait()
+            raise
+        proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0, "tail": list(tail),
+            "interrupted": bool(forwarded), "demos_reused_s": reused_s}
+
+
+def run_family(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> dict:
+    """Run the family's ``sft-rl`` pipeline in ``run_dir``, its output relayed to stderr as it
+    comes (:func:`stream_pipeline`); returns :func:`summarize_run` with ``stages.demos`` saying
+    whether this run recorded the demos (:func:`demos_stage`), or ``error`` (and
+    ``interrupted`` after a Ctrl-C)."""
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+           "PYTHONUNBUFFERED": "1"}  # lines as they come, not a pipe buffer at a time
+    before = generation_records(demos_dir)
     with LoadSampler() as load:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+        res = stream_pipeline(pipeline_command(family, run_dir, demos_dir, extra), family,
+                              run_dir / "bench_log.txt", env)
+    wall = res["wall_s"]
     load_avg = round(sum(load.samples) / len(load.samples), 2) if load.samples else None
-    (run_dir / "bench_log.txt").parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / "bench_log.txt").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        return {"error": f"sft-rl exited {proc.returncode}: {tail}", "wall_s": wall,
-                "load_avg": load_avg}
+    if res["returncode"] != 0 or res["interrupted"]:
+        tail = "\n".join(res["tail"])
+        return {"error": f"sft-rl exited {res['returncode']}: {tail}", "wall_s": round(wall, 1),
+                "load_avg": load_avg, "interrupted": res["interrupted"], "run_dir": str(run_dir)}
     out = summarize_run(run_dir)
+    recorded_here = generation_records(demos_dir).items() - before.items()
+    out["stages"] = demos_stage(out["stages"], bool(recorded_here), res["demos_reused_s"])
     out.update(wall_s=round(wall, 1), load_avg=load_avg)
     return out
 
@@ -131,6 +276,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="key=value overrides of every family's pipeline")
     args = ap.parse_args()
     families: dict = {}
+    interrupted = False
     if args.summarize:
         for d in args.summarize:
             if not (Path(d) / "summary.json").is_file():
@@ -146,8 +292,13 @@ def main() -> None:
             extra = ([*QUICK, QUICK_IMAGE[name]] if args.quick else []) + list(args.overrides)
             families[name] = run_family(name, out / name, demos, extra)
             print(f"{name}: {json.dumps(families[name])}", file=sys.stderr)
+            if families[name].get("interrupted"):
+                interrupted = True  # Ctrl-C: the pipeline stopped (and said what it saved)
+                break
     print(json.dumps({"families": families, "quick": args.quick, "cpus": os.cpu_count(),
                       "load_avg_now": round(os.getloadavg()[0], 2)}))
+    if interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

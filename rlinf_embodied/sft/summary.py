@@ -46,10 +46,10 @@ def summarize(cfg: SFTJobConfig) -> dict[str, Any]:
 
 
 def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
-    """Wall seconds and env steps of each stage that left its record: ``demos`` (generation
-    record of a suite's demos, when this pipeline generated them), ``sft`` (training),
-    ``sft_eval``, ``gate``, ``rl``, ``rl_eval``. Evaluation env steps are summed from the
-    results files."""
+    """Wall seconds and env steps of each stage that left its record: ``demos`` (the generation
+    record of a suite's demos: the time of the run that recorded them, another run's when this
+    pipeline reused them), ``sft`` (training), ``sft_eval``, ``gate``, ``rl``, ``rl_eval``.
+    Evaluation env steps are summed from the results files."""
     from rlinf_embodied.eval.results import ResultsFile
 
     run = cfg.run_dir()

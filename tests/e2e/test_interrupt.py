@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,14 +61,36 @@ def _started(args, run_dir: Path, timeout_s=600.0):
     raise AssertionError("Ray did not start in 3 tries")
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cmdlines(procs) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+        except psutil.Error:
+            out.append(str(p.pid))
+    return out
+
+
 @pytest.mark.slow
 def test_double_sigint_saves_and_resumes(tmp_path):
     run_dir = tmp_path / "runs" / "x"
     proc = _started(JOB + ["run.name=x", f"run.output_dir={tmp_path / 'runs'}"], run_dir)
+    # Ray's GCS, raylet, agents and workers, the env pool's fork server and workers
+    children = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, signal.SIGINT)
     os.killpg(proc.pid, signal.SIGINT)  # the same Ctrl-C again, to the whole group (Ray too)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 130, out
+    _, alive = psutil.wait_procs(children, timeout=30)
+    alive = [p for p in alive if _running(p)]  # a zombie waits for its (new) parent to reap it
+    assert not alive, f"left running after the interrupted run: {_cmdlines(alive)}"
     assert "Traceback" not in out, out
     # issue 15 item 15: neither Ray's token notice nor FSDP2's view warning
     assert "Token authentication is enabled" not in out and "view tensor" not in out, out
