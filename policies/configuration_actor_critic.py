@@ -95,3 +95,34 @@ class CNNPolicyConfig(ActorCriticPolicyConfig):
                 f"equal length (got {self.conv_channels}, {self.conv_kernels}, "
                 f"{self.conv_strides})."
             )
+
+    def min_image_size(self) -> int:
+        """Smallest square image side (pixels) the conv stack maps to at least 1x1 (the
+        convs have no padding: side -> (side - kernel) // stride + 1); NatureCNN: 36."""
+        need = 1
+        for k, s in zip(reversed(self.conv_kernels), reversed(self.conv_strides)):
+            need = (need - 1) * s + k
+        return need
+
+    def check_image_size(self, size: int, size_key: str) -> None:
+        """Check that ``size`` x ``size`` images (the env's ``size_key`` setting, e.g.
+        ``env.sensor_size``) keep at least 1x1 pixels through every conv layer; run before
+        any worker builds the policy (``rlinf_embodied.runners.setup.validate_job``).
+
+        Raises:
+            ConfigError: naming the image size, the first layer whose input is smaller than
+                its kernel, and the fix (a larger ``size_key`` or fewer / smaller layers).
+        """
+        side = int(size)
+        n = len(self.conv_kernels)
+        for i, (k, s) in enumerate(zip(self.conv_kernels, self.conv_strides)):
+            if side < k:
+                raise ConfigError(
+                    f"{size_key}={size} gives {size}x{size} px images, too small for the cnn "
+                    f"policy: conv layer {i + 1} of {n} (policy.conv_kernels[{i}]={k}, "
+                    f"policy.conv_strides[{i}]={s}) gets {side}x{side} px, smaller than its "
+                    f"kernel, so its output drops below 1 px; set {size_key} to at least "
+                    f"{self.min_image_size()}, or use fewer layers or smaller kernels/strides "
+                    f"(policy.conv_channels, policy.conv_kernels, policy.conv_strides)."
+                )
+            side = (side - k) // s + 1

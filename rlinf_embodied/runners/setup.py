@@ -8,8 +8,8 @@ from typing import Optional
 
 from rlinf_embodied.config import ConfigError, JobConfig
 
-__all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_plan_fits", "group_ranks",
-           "launch_groups", "open_cluster", "resolve_placement", "check_minibatches", "validate_job"]
+__all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_policy",
+           "check_plan_fits", "group_ranks", "launch_groups", "open_cluster", "resolve_placement", "check_minibatches", "validate_job"]
 
 
 
@@ -41,8 +41,8 @@ def group_ranks(plan, num_devices: int) -> dict:
 def validate_job(cfg: JobConfig) -> None:
     """Checks that need no cluster, run before anything is started or written (``train`` and
     ``config show`` both run them): the env exists (``env.check_available()``), the envs form
-    whole GRPO groups, no KL coefficient (there is no reference policy), wandb
-    importable when enabled, the placement exists and parses, and the env sharding and the
+    whole GRPO groups, no KL coefficient (there is no reference policy), a ``cnn`` policy's
+    conv stack fits the env's images (:func:`check_image_policy`), wandb importable when enabled, the placement exists and parses, and the env sharding and the
     minibatch count fit it when every group's devices are explicit.
 
     Raises:
@@ -61,6 +61,7 @@ def validate_job(cfg: JobConfig) -> None:
             f"take a KL penalty to; set algorithm.kl_coef=0 (algorithm.target_kl and the clip "
             f"ratios limit the update)."
         )
+    check_image_policy(cfg)
     if cfg.logging.wandb:
         import importlib.util
 
@@ -89,6 +90,29 @@ def validate_job(cfg: JobConfig) -> None:
         raise ConfigError(f"placement {cfg.placement!r} ({path}): {e}") from None
     check_divisibility(cfg, ranks["env"], ranks["actor"])
     check_minibatches(cfg, ranks["actor"])
+
+
+def check_image_policy(cfg: JobConfig) -> None:
+    """A policy with an image-size check (``cnn``: ``CNNPolicyConfig.check_image_size``) must
+    fit the env's images, where the env config states their size: ``env.sensor_size``
+    (ManiSkill) or ``env.image_size`` (LIBERO), with ``env.obs_mode=rgb`` or
+    ``env.render_images=true``. Skipped when the size is unknown (``gym``: the env decides),
+    and then the policy's own check raises inside the worker.
+
+    Raises:
+        ConfigError: naming the image size, the conv layer where it drops below 1 pixel and
+            the fix.
+    """
+    check = getattr(cfg.policy, "check_image_size", None)
+    env = cfg.env
+    if check is None or (getattr(env, "obs_mode", "rgb") != "rgb"
+                         and not getattr(env, "render_images", False)):
+        return
+    for key in ("sensor_size", "image_size"):
+        size = getattr(env, key, None)
+        if size is not None:
+            check(int(size), f"env.{key}")
+            return
 
 
 def check_minibatches(cfg: JobConfig, actor_ranks: int) -> None:
