@@ -146,8 +146,13 @@ class RLStageConfig:
     the SFT checkpoint)."""
     reward_mode: Optional[str] = None
     """The RL run's ``env.reward_mode``; None: the pipeline's ``env.reward_mode`` (the demos'
-    and evaluations' reward). The suite pipelines train RL on ``normalized_dense`` while
-    their evaluations count success (docs/vla_suite.md says why)."""
+    and evaluations' reward; evaluations count success whatever the reward)."""
+    task_ids: Optional[list[int]] = None
+    """Suite tasks the RL stage trains on, a subset of the pipeline's ``env.task_ids``; None:
+    all of them. The SFT and final evaluations run every pipeline task either way (a task
+    left out is still compared, trial by trial). A task the SFT never solves gives GRPO
+    groups whose rewards are all 0, hence no signal: leaving it out spends the rollouts on
+    tasks that have one (docs/vla_suite.md, "Measured")."""
     overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides of that job (they come last, after the settings the pipeline
     passes on)."""
@@ -179,6 +184,17 @@ class SFTJobConfig:
                 raise ConfigError(
                     f"env task {env_id} has no ManiSkill motion-planning solution, so no "
                     f"demonstrations can be recorded for it; use tasks among {', '.join(MP_SOLUTIONS)}.")
+        if self.rl.task_ids is not None:
+            if getattr(self.env, "suite", None) is None:
+                raise ConfigError("rl.task_ids selects tasks of a suite; set env.suite, or drop "
+                                  "rl.task_ids (a single-task pipeline trains RL on its task).")
+            have = list(self.env.suite_task_ids())
+            extra = [t for t in self.rl.task_ids if t not in have]
+            if extra or not self.rl.task_ids:
+                raise ConfigError(
+                    f"rl.task_ids={list(self.rl.task_ids)} must be a non-empty subset of the "
+                    f"pipeline's tasks {have} (env.task_ids); drop {extra or 'the empty list'} or "
+                    "set rl.task_ids=null to train on all of them.")
         if self.policy.type in VLA_TYPES and getattr(self.env, "suite", None) is None:
             raise ConfigError(
                 f"policy.type={self.policy.type} learns from a language-conditioned suite's RGB "

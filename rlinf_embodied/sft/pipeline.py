@@ -344,7 +344,8 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     """The RL stage's JobConfig: ``rl.config`` + the SFT checkpoint (``policy.checkpoint``; a
     VLA's published-layout ``sft/vla`` through ``policy.pretrained``), the pipeline's env
     settings (controller, obs mode, reward: ``rl.reward_mode`` or the env's, time limits, task
-    or suite), ``run.dir = <run dir>/rl``, then ``rl.overrides``."""
+    or suite with ``rl.task_ids`` or the pipeline's tasks), ``run.dir = <run dir>/rl``, then
+    ``rl.overrides``."""
     from rlinf_embodied.config import load_config
 
     e = cfg.env
@@ -358,7 +359,8 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
               *(f"env.{k}={getattr(e, k)}" for k in ("startup_timeout_s", "reset_timeout_s",
                                                      "step_timeout_s") if hasattr(e, k))]
     if getattr(e, "suite", None) is not None:
-        forced += [f"env.suite={e.suite}", f"env.task_ids=[{','.join(map(str, e.suite_task_ids()))}]",
+        tasks = cfg.rl.task_ids if cfg.rl.task_ids is not None else e.suite_task_ids()
+        forced += [f"env.suite={e.suite}", f"env.task_ids=[{','.join(map(str, tasks))}]",
                    f"env.sensor_size={e.sensor_size}"]
     else:
         forced.append(f"env.env_id={e.env_id}")

@@ -93,3 +93,23 @@ def test_the_rl_checkpoint_to_evaluate_is_latest_or_best():
                            ["eval.rl_checkpoint=best"]).eval.rl_checkpoint == "best"
     with pytest.raises(ConfigError, match="eval.rl_checkpoint must be latest or best"):
         load_sft_config("configs/sft/maniskill_lang3_sft_rl_oft.yaml", ["eval.rl_checkpoint=final"])
+
+
+def test_rl_task_ids_select_the_rl_stage_tasks_and_keep_the_pipeline_evaluation(tmp_path):
+    """``rl.task_ids`` trains RL on a subset of the suite (the pipeline's env, hence the SFT and
+    final evaluations, keeps every task); tasks outside the pipeline's are refused in one line."""
+    from rlinf_embodied.sft.pipeline import rl_job_config
+
+    path = "configs/sft/maniskill_lang3_sft_rl_oft.yaml"
+    cfg = load_sft_config(path, [f"run.dir={tmp_path}", "rl.task_ids=[0,1]"])
+    assert rl_job_config(cfg).env.task_ids == [0, 1]
+    assert cfg.env.task_ids is None and cfg.env.env_ids() == ["PushCube-v1", "PullCube-v1",
+                                                              "StackCube-v1"]
+    assert rl_job_config(load_sft_config(path, [f"run.dir={tmp_path}", "rl.task_ids=null"])
+                         ).env.task_ids == [0, 1, 2]
+    with pytest.raises(ConfigError, match=r"^rl.task_ids=\[1, 2\] must be a non-empty subset of "
+                                          r"the pipeline's tasks \[0, 1\].*drop \[2\]"):
+        load_sft_config(path, [f"run.dir={tmp_path}", "env.task_ids=[0,1]", "rl.task_ids=[1,2]"])
+    with pytest.raises(ConfigError, match=r"rl.task_ids selects tasks of a suite"):
+        load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml",
+                        [f"run.dir={tmp_path}", "rl.task_ids=[0]"])
