@@ -27,7 +27,8 @@ While a pipeline runs its output goes to stderr line by line, as ``[<family> +MM
 (and to ``<run dir>/bench_log.txt``). Ctrl-C is forwarded to the pipeline, which stops as at a
 terminal (the RL stage finishes its iteration and saves; a second Ctrl-C aborts) and shuts Ray
 and its env pools down; then the JSON line is printed (the family with ``interrupted: true``)
-and the script exits 130.
+and the script exits 130. A family whose pipeline failed has ``error`` in the JSON line, and
+the script then exits 1.
 """
 
 from __future__ import annotations
@@ -299,6 +300,9 @@ def main() -> None:
                       "load_avg_now": round(os.getloadavg()[0], 2)}))
     if interrupted:
         sys.exit(130)
+    failed = [name for name, fam in families.items() if "error" in fam]
+    if failed:  # the JSON line says why; the exit status tells scripts and CI
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ class MetricLogger:
         parts.append(f"{rec['time_s']:.0f}s")
         if rec.get("train/nonzero_advantage_fraction") == 0.0:
             parts.append("no update signal: every advantage is 0 (equal rewards within every "
-                         "group, e.g. none succeeded)")
+                         "group, e.g. none succeeded, or every group dropped by "
+                         "algorithm.filter_low / filter_high)")
         line = " | ".join(parts)
         if self._rich is not None:
             self._rich.print(line)

@@ -183,3 +183,16 @@ def test_a_process_the_pipeline_left_does_not_hang_the_relay(bench, tmp_path, mo
         assert res["returncode"] == 0 and res["wall_s"] < 30
     finally:
         os.kill(left, signal.SIGKILL)
+
+
+def test_a_failed_pipeline_gives_its_error_in_the_json_line_and_exit_status_1(bench, tmp_path,
+                                                                              monkeypatch, capsys):
+    bench.mode = "fail"  # no demos record: the stand-in pipeline crashes (exit 1)
+    monkeypatch.setattr(sys, "argv", ["bench_vla_learning.py", "--family", "pi0", "--out",
+                                      str(tmp_path / "out"), "--demos", str(tmp_path / "demos")])
+    monkeypatch.setattr(sys, "stderr", Echo())
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 1
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["families"]["pi0"]["error"].startswith("sft-rl exited 1")

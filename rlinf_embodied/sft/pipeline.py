@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +264,11 @@ def run_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     ckpt = save_policy(policy, sft_dir / "policy")
     atomic_write_json(sft_dir / "bc_metrics.json", metrics)
     log(f"sft: saved {ckpt}; evaluating on {cfg.eval.episodes} held-out trials")
+    t0 = time.perf_counter()
     ev = evaluate_checkpoint(ckpt, e, sft_dir / "eval.json", cfg.eval.episodes,
                              protocol=cfg.eval.protocol, num_envs=cfg.eval.num_envs,
                              num_processes=cfg.eval.num_processes)
+    ev["wall_s"] = time.perf_counter() - t0  # summary.json's stages.sft_eval
     write_record(sft_dir, ev, e, cfg.eval, extra={"demos": str(path), "policy_type": cfg.policy.type,
                                                    "num_demos": data.num_trajectories})
     log(f"sft: success_once {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}), "
@@ -284,7 +287,6 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
         ValueError: demos recorded for another suite, controller or image size, or fewer
             than ``demos.num_trajectories`` of a task (:func:`_check_demo_count`).
     """
-    import time
 
     import torch
 
@@ -505,7 +507,6 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     from rlinf_embodied.runners.embodied import EmbodiedRunner
     from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint
 
-    import time
 
     job = validate_rl_stage(cfg, extra_overrides)
     check_sft_evaluation(cfg)

@@ -70,6 +70,10 @@ def test_demos_are_maniskill_trajectories_in_the_policy_controller(pipeline):
 def test_bc_fits_the_demos_and_the_sft_checkpoint_succeeds(pipeline):
     cfg, _, out = pipeline
     bc, ev = out["bc"], out["evaluation"]
+    # the evaluation's time reaches summary.json's stages.sft_eval (it was null for MLPs)
+    from rlinf_embodied.sft.summary import stage_costs
+
+    assert ev["wall_s"] > 0 and stage_costs(cfg)["sft_eval"]["wall_s"] == ev["wall_s"]
     assert bc["bc/mse"] < 0.01  # greedy actions match the demo actions (range [-1, 1])
     assert bc["bc/log_std_min"] >= cfg.bc.min_log_std - 1e-6
     # bc.fit_log_std: the log-std is the log RMS residual of the greedy actions per dim
