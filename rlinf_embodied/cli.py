@@ -177,15 +177,6 @@ def _self_command() -> str:
     return f"{shlex.quote(sys.executable)} -m rlinf_embodied.cli"
 
 
-def _config_diff(a, b, skip=("run.",)) -> List[str]:
-    """``key: a -> b`` for every flattened key where config dataclasses ``a`` and ``b`` differ."""
-    from rlinf_embodied.config import as_dict, flatten_dotted
-
-    fa, fb = flatten_dotted(as_dict(a)), flatten_dotted(as_dict(b))
-    keys = [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and not k.startswith(skip)]
-    return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in keys]
-
-
 def _warn(msg: str) -> None:
     typer.secho(f"warning: {msg}", fg=typer.colors.YELLOW, err=True)
 
@@ -201,7 +192,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     import json
 
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
-    from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, load_config
+    from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
     run_dir = Path(resume)
     if not run_dir.is_dir():
@@ -232,7 +223,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
         # where the run lives may differ; what it does (run.seed included) may not
         skip = ("run.name", "run.output_dir", "run.dir") + (
             ("trainer.pipeline_stages",) if given.placement == "auto" else ())
-        diff = _config_diff(given, cfg, skip)
+        diff = config_diff(given, cfg, skip)
         if diff:
             raise ConfigError(
                 f"{config} is not the config of run {run_dir} (differs in {'; '.join(diff)}); "
@@ -246,7 +237,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"stopped before its first save); start it again without --resume."
         )
     done = json.loads((ckpt / "runner_state.json").read_text())["iteration"]
-    changed = [d for d in _config_diff(saved, cfg, skip=()) if not d.startswith(RESUME_SAFE_KEYS)]
+    changed = config_diff(saved, cfg, RESUME_SAFE_KEYS)
     policy_changed = [d for d in changed if d.startswith("policy.")]
     if policy_changed:  # the checkpoint's weights are of the run's policy: refuse before Ray
         raise ConfigError(

@@ -34,6 +34,7 @@ from rlinf_embodied.config.errors import ConfigError, ConfigWarning, field_type_
 from rlinf_embodied.config.job import CRITIC_FREE_ADVANTAGES, RESUME_SAFE_KEYS, JobConfig
 from rlinf_embodied.config.loading import (
     as_dict,
+    config_diff,
     check_registered_env_id,
     load_config,
     peek_top_level,
@@ -69,6 +70,7 @@ __all__ = [
     "to_yaml",
     "save_config",
     "as_dict",
+    "config_diff",
     "RunConfig",
     "ClusterConfig",
     "EnvConfig",

@@ -32,6 +32,7 @@ from rlinf_embodied.config.overrides import parse_overrides
 
 __all__ = [
     "as_dict",
+    "config_diff",
     "check_registered_env_id",
     "load_config",
     "peek_top_level",
@@ -290,6 +291,16 @@ def as_dict(cfg: Any) -> Dict[str, Any]:
     out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     assert isinstance(out, dict)
     return out
+
+
+def config_diff(a: Any, b: Any, skip: tuple = ("run.",)) -> list[str]:
+    """``key: a -> b`` for every flattened dotted key where config dataclasses ``a`` and ``b``
+    differ, keys starting with any of ``skip`` left out (sorted by key)."""
+    from rlinf_embodied.config.overrides import flatten_dotted
+
+    fa, fb = flatten_dotted(as_dict(a)), flatten_dotted(as_dict(b))
+    keys = [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and not k.startswith(skip)]
+    return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in keys]
 
 
 def check_registered_env_id(env_id: str, family: str, registry_hint: str) -> None:

@@ -9,7 +9,8 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, JobConfig
 
 __all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_policy",
-           "check_plan_fits", "group_ranks", "launch_groups", "open_cluster", "resolve_placement", "check_minibatches", "validate_job"]
+           "check_minibatches", "check_plan_fits", "group_ranks", "launch_groups", "open_cluster",
+           "resolve_placement", "validate_job"]
 
 
 
@@ -42,8 +43,9 @@ def validate_job(cfg: JobConfig) -> None:
     """Checks that need no cluster, run before anything is started or written (``train`` and
     ``config show`` both run them): the env exists (``env.check_available()``), the envs form
     whole GRPO groups, no KL coefficient (there is no reference policy), a ``cnn`` policy's
-    conv stack fits the env's images (:func:`check_image_policy`), wandb importable when enabled, the placement exists and parses, and the env sharding and the
-    minibatch count fit it when every group's devices are explicit.
+    conv stack fits the env's images (:func:`check_image_policy`), wandb importable when
+    enabled, the placement exists and parses, and the env sharding and the minibatch count fit
+    it when every group's devices are explicit.
 
     Raises:
         ConfigError: naming the problem and the fix.

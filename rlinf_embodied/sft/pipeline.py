@@ -455,8 +455,7 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
             checkpoint, or ``job`` has other ``policy.*`` settings than the run (each named).
     """
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
-    from rlinf_embodied.config import (RESUME_SAFE_KEYS, ConfigError, as_dict, flatten_dotted,
-                                       load_config)
+    from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
     if not (rl_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run `rlinf-embodied "
@@ -466,11 +465,9 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
         raise ConfigError(f"--resume: no complete checkpoint in {rl_dir / 'checkpoints'} (the RL "
                           f"run stopped before its first save); delete {rl_dir} and run "
                           "`rlinf-embodied finetune` without --resume to start it again.")
-    was, now = (flatten_dotted(as_dict(c)) for c in (load_config(rl_dir / "config.yaml"), job))
     skip = RESUME_SAFE_KEYS + _RESUME_SAFE + (
         ("trainer.pipeline_stages",) if job.placement == "auto" else ())
-    changed = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now))
-               if was.get(k) != now.get(k) and not k.startswith(skip)]
+    changed = config_diff(load_config(rl_dir / "config.yaml"), job, skip)
     policy = [d for d in changed if d.startswith("policy.")]
     if policy:
         raise ConfigError(f"--resume: {'; '.join(policy)} (the RL run's config -> the pipeline's "
