@@ -19,6 +19,8 @@ Sources (see REFERENCE.md "LIBERO evaluation protocols in use"):
   success_at_end reported; ManiSkill PPO baseline eval).
 * ``maniskill_lang3_v1``: the language-conditioned ManiSkill suite ``maniskill_lang3``, 50
   held-out seeds per task, episodes end at their first success.
+* ``maniskill_lang3_peg_v1``: the same for ``maniskill_lang3_peg`` (StackCube replaced by
+  LiftPegUpright, 100-step horizon).
 
 Simulator versions (ENVIRONMENT.md "Version facts that change results"): MuJoCo >= 3.4 changes
 how LIBERO initial states settle and >= 3.3.3 renders LIBERO-Object floors darker; robosuite 1.5
@@ -445,6 +447,19 @@ MANISKILL_LANG3_V1 = _maniskill(
     # phase x 500_000 + iteration x 1_000 + env (below this for run seeds under 990), in-training
     # evaluation eval.seed_offset (2e9) and up; env seeds must stay below 1e9.
     env_seed=990_000_000,
+    ignore_terminations=False,
+)
+
+MANISKILL_LANG3_PEG_V1 = _maniskill(
+    name="maniskill_lang3_peg_v1",
+    description="The maniskill_lang3_peg suite (PushCube, PullCube, LiftPegUpright with "
+                "instructions, envs/maniskill_suites.py): 50 held-out trials per task, trial i "
+                "of every task resets with seed env_seed + i; an episode ends at its first "
+                "success or after 100 steps.",
+    source="rlinf-embodied (language-conditioned ManiSkill suite)",
+    max_steps={"maniskill_lang3_peg": 100},
+    trials_per_task=50,
+    env_seed=990_000_000,  # held out as maniskill_lang3_v1's
     ignore_terminations=False,
 )
 

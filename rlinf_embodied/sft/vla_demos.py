@@ -81,11 +81,13 @@ def suite_generation_record(directory: str | Path, suite: str, control_mode: str
 
 
 def find_suite_demos(directory: str | Path, env_cfg: Any, stride: int = 1) -> dict:
-    """env id -> converted demo file of every selected suite task that has one."""
+    """env id -> converted demo file of every selected suite task that has one (a task's
+    ``demo_stride`` overrides ``stride``)."""
     out = {}
+    suite = env_cfg.suite_spec()
     for env_id in env_cfg.env_ids():
         p = suite_demo_file(directory, env_cfg.suite, env_id, env_cfg.control_mode,
-                            env_cfg.sensor_size, stride)
+                            env_cfg.sensor_size, suite.demo_stride(env_id, stride))
         if p.is_file() and p.with_suffix(".json").is_file():
             out[env_id] = p
     return out
@@ -104,7 +106,8 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
         seed: first planning seed of every task.
         max_attempts_factor: planning attempts per wanted demo before giving up.
         processes: tasks converted at the same time (one process each).
-        stride: keep every ``stride``-th planned joint target (see the module docstring).
+        stride: keep every ``stride``-th planned joint target (see the module docstring); a
+            task's ``demo_stride`` overrides it.
         log: progress printer.
 
     Raises:
@@ -123,7 +126,8 @@ def generate_suite_demos(env_cfg: Any, directory: str | Path, per_task: int, *, 
     # longest tasks first: with fewer workers than tasks, the short ones fill in beside them
     order = sorted(env_cfg.suite_task_ids(), key=lambda t: -(suite.tasks[t].demo_steps or 0))
     jobs = [(env_cfg, str(directory), suite.tasks[t].env_id, suite.tasks[t].instruction, per_task,
-             seed, per_task * max_attempts_factor, stride) for t in order]
+             seed, per_task * max_attempts_factor, suite.demo_stride(suite.tasks[t].env_id, stride))
+            for t in order]
     result = SuiteDemoSet()
     workers = max(1, min(processes, len(jobs)))
     if workers == 1:
