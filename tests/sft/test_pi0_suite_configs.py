@@ -113,3 +113,19 @@ def test_rl_task_ids_select_the_rl_stage_tasks_and_keep_the_pipeline_evaluation(
     with pytest.raises(ConfigError, match=r"rl.task_ids selects tasks of a suite"):
         load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml",
                         [f"run.dir={tmp_path}", "rl.task_ids=[0]"])
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/sft").glob("maniskill_lang3*_sft_rl_*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_suite_pipeline_rolls_out_whole_episodes(path, tmp_path):
+    """GRPO compares the returns of whole episodes: each RL rollout must cover the suite's
+    horizon exactly (maniskill_lang3: 20 queries of K = 4 for 80 steps; maniskill_lang3_peg: 25
+    for 100), and the evaluations use the suite's protocol."""
+    from rlinf_embodied.sft.pipeline import rl_job_config
+
+    cfg = load_sft_config(str(path), [f"run.dir={tmp_path}"])
+    job = rl_job_config(cfg)
+    horizon = cfg.env.suite_spec().max_episode_steps
+    assert cfg.env.max_episode_steps == job.env.max_episode_steps == horizon
+    assert job.trainer.rollout_steps * job.policy.action_chunk == horizon
+    assert cfg.eval.protocol == cfg.env.suite_spec().protocol
