@@ -135,6 +135,11 @@ class SFTEvalConfig:
     def __post_init__(self):
         if self.rl_checkpoint not in ("latest", "best"):
             raise ConfigError(f"eval.rl_checkpoint must be latest or best (got {self.rl_checkpoint!r}).")
+        if self.gate_episodes > self.episodes:
+            raise ConfigError(
+                f"eval.gate_episodes={self.gate_episodes} exceeds eval.episodes={self.episodes}: "
+                "the gate re-runs trials of the SFT evaluation; set eval.gate_episodes <= "
+                f"{self.episodes}.")
 
 
 @dataclass

@@ -129,3 +129,11 @@ def test_every_suite_pipeline_rolls_out_whole_episodes(path, tmp_path):
     assert cfg.env.max_episode_steps == job.env.max_episode_steps == horizon
     assert job.trainer.rollout_steps * job.policy.action_chunk == horizon
     assert cfg.eval.protocol == cfg.env.suite_spec().protocol
+
+
+def test_a_gate_longer_than_the_sft_evaluation_is_refused(tmp_path):
+    path = "configs/sft/maniskill_lang3_sft_rl_oft.yaml"
+    with pytest.raises(ConfigError, match=r"^eval.gate_episodes=60 exceeds eval.episodes=50: .*"
+                                          r"set eval.gate_episodes <= 50\.$"):
+        load_sft_config(path, [f"run.dir={tmp_path}", "eval.gate_episodes=60"])
+    assert load_sft_config(path, ["eval.gate_episodes=50"]).eval.gate_episodes == 50

@@ -390,7 +390,7 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     from rlinf_embodied.sft.pipeline import load_sft_config
 
     run = tmp_path / "run"
-    args = ["finetune", CONFIG, f"run.dir={run}", "eval.episodes=2"]
+    args = ["finetune", CONFIG, f"run.dir={run}", "eval.episodes=2", "eval.gate_episodes=2"]
     cfg = load_sft_config(CONFIG, args[2:])
     (run / "sft" / "policy").mkdir(parents=True)
     write_record(run / "sft", _results(run / "sft" / "eval.json", "PushCube-v1",
@@ -422,7 +422,7 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
         output, "PushCube-v1", {"PushCube-v1": [True, True][:trials]}))
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 130, r.output
-    command = f"rlinf-embodied finetune {CONFIG} run.dir={run} eval.episodes=2 --resume"
+    command = f"rlinf-embodied finetune {CONFIG} run.dir={run} eval.episodes=2 eval.gate_episodes=2 --resume"
     assert f"`{command}` continues the RL run" in " ".join(r.output.split())
     assert not (run / "rl" / "final_eval.json").exists() and not (run / "summary.json").exists()
     # nothing to resume elsewhere; a policy that is not the run's cannot go on from its weights
