@@ -21,9 +21,9 @@ from rlinf_embodied.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CASES = 300
-BASES = {  # a shipped job per env / policy type (cnn: the MLP job with its type switched)
+BASES = {  # a shipped job per env / policy type (cnn: the MLP job with its type and obs switched)
     ("maniskill", "mlp"): ("maniskill_pushcube_ppo_mlp.yaml", []),
-    ("maniskill", "cnn"): ("maniskill_pushcube_ppo_mlp.yaml", ["policy.type=cnn"]),
+    ("maniskill", "cnn"): ("maniskill_pushcube_ppo_mlp.yaml", ["policy.type=cnn", "env.obs_mode=rgb"]),
     ("gym", "mlp"): ("gym_pointreach_ppo_mlp.yaml", []),
     ("maniskill", "openvla"): ("maniskill_ppo_openvla_tiny.yaml", []),
     ("libero", "openvla_oft"): ("libero_spatial_grpo_openvla_oft_tiny.yaml", []),

@@ -98,7 +98,7 @@ def check_image_policy(cfg: JobConfig) -> None:
     """A policy with an image-size check (``cnn``: ``CNNPolicyConfig.check_image_size``) must
     fit the env's images, where the env config states their size: ``env.sensor_size``
     (ManiSkill) or ``env.image_size`` (LIBERO), with ``env.obs_mode=rgb`` or
-    ``env.render_images=true``. Skipped when the size is unknown (``gym``: the env decides),
+    ``env.render_images=true`` (a ManiSkill env with neither gives no images: refused). Skipped when the size is unknown (``gym``: the env decides),
     and then the policy's own check raises inside the worker.
 
     Raises:
@@ -107,8 +107,14 @@ def check_image_policy(cfg: JobConfig) -> None:
     """
     check = getattr(cfg.policy, "check_image_size", None)
     env = cfg.env
-    if check is None or (getattr(env, "obs_mode", "rgb") != "rgb"
-                         and not getattr(env, "render_images", False)):
+    if check is None:
+        return
+    if getattr(env, "obs_mode", "rgb") != "rgb" and not getattr(env, "render_images", False):
+        if getattr(env, "type", None) == "maniskill":
+            raise ConfigError(
+                f"policy.type={cfg.policy.type} reads camera images but env.obs_mode="
+                f"{env.obs_mode} gives none; set env.obs_mode=rgb (or env.render_images=true for "
+                "the human camera), or use a state policy (policy.type=mlp).")
         return
     for key in ("sensor_size", "image_size"):
         size = getattr(env, key, None)

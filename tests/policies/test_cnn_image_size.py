@@ -51,7 +51,9 @@ def test_check_names_the_envs_key_and_skips_unknown_sizes():
     check_image_policy(cfg)  # the smallest size NatureCNN takes
     state = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, obs_mode="state",
                                                              sensor_size=7))
-    check_image_policy(state)  # no camera images: sensor_size is not what the policy sees
+    with pytest.raises(ConfigError, match=r"^policy.type=cnn reads camera images but "
+                                          r"env.obs_mode=state gives none; set env.obs_mode=rgb"):
+        check_image_policy(state)  # no camera images at all
     with pytest.raises(ConfigError, match=r"^env.sensor_size=7 gives 7x7 px images.*layer 1 of 3.*gets 7x7"):
         check_image_policy(dataclasses.replace(
             state, env=dataclasses.replace(state.env, render_images=True)))
