@@ -1,13 +1,15 @@
 """VLA learning benchmark: does SFT -> RL make a miniature OpenVLA / OpenVLA-OFT / π0 / π0.5 better?
 
 Per family (``--family openvla|openvla_oft|pi0|pi05|all``, families named by their ``policy.type``; ``oft`` is accepted for ``openvla_oft``; ``all``: every family) it runs the family's whole pipeline through the real
-CLI (``rlinf-embodied sft-rl configs/sft/maniskill_lang3_sft_rl_<family>.yaml``: motion-planning
+CLI (``rlinf-embodied sft-rl configs/sft/<suite>_sft_rl_<family>.yaml``, ``--suite maniskill_lang3``
+(default: OpenVLA, OFT, π0, π0.5) or ``maniskill_lang3_peg`` (OpenVLA, OFT): motion-planning
 demos, SFT, the step-0 gate, RL, evaluation) in a fresh run directory (demos are shared between
 families and reused when present) and reads its ``summary.json`` and the RL run's
 ``metrics.jsonl``. Per family:
 
 * ``sft_success`` / ``rl_success``: success over every held-out trial of the suite's protocol
-  (``maniskill_lang3_v1``, the same trials for both), with Wilson 95% intervals, and per task;
+  (``maniskill_lang3_v1`` / ``maniskill_lang3_peg_v1``, the same trials for both), with Wilson
+  95% intervals, and per task;
 * ``mcnemar_p``: McNemar's exact paired test of the two on the same trials;
 * ``stages``: wall seconds and env steps of demos, SFT, SFT evaluation, gate, RL, RL evaluation
   (demos another run recorded, e.g. ``--demos DIR`` or an earlier family's: ``reused: true``,
@@ -72,9 +74,36 @@ def family_of(run_dir: str | Path) -> str:
     return "openvla"
 
 
+SUITES = ("maniskill_lang3", "maniskill_lang3_peg")
+"""``--suite``: the language-conditioned suites with shipped pipelines."""
+SUITE = SUITES[0]
+"""The suite of this run's pipelines (``--suite``)."""
+
+
+def config_path(family: str, suite: str) -> str:
+    """``family``'s shipped pipeline config for ``suite`` (``configs/sft/<suite>_sft_rl_*.yaml``).
+
+    Raises:
+        SystemExit: the suite has no pipeline of that family (names those it has).
+    """
+    path = CONFIGS[family].replace("maniskill_lang3_", f"{suite}_", 1)
+    if not (ROOT / path).is_file():
+        have = suite_families(suite)
+        sys.exit(f"error: suite {suite} has no {family} pipeline ({path}); its families: "
+                 f"{', '.join(have)}.")
+    return path
+
+
+def suite_families(suite: str) -> list[str]:
+    """The families with a shipped pipeline config for ``suite``."""
+    return [f for f in CONFIGS
+            if (ROOT / CONFIGS[f].replace("maniskill_lang3_", f"{suite}_", 1)).is_file()]
+
+
 def pipeline_command(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> list[str]:
-    """The ``rlinf-embodied sft-rl`` command line of ``family``'s pipeline in ``run_dir``."""
-    return [sys.executable, "-m", "rlinf_embodied.cli", "sft-rl", CONFIGS[family],
+    """The ``rlinf-embodied sft-rl`` command line of ``family``'s pipeline for :data:`SUITE` in
+    ``run_dir``."""
+    return [sys.executable, "-m", "rlinf_embodied.cli", "sft-rl", config_path(family, SUITE),
             f"run.dir={run_dir}", f"demos.dir={demos_dir}", *extra]
 
 
@@ -267,6 +296,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=[*CONFIGS, *ALIASES, "all"], default="all",
                     help="a family (its policy.type; oft = openvla_oft), or all: every family in turn")
+    ap.add_argument("--suite", choices=SUITES, default=SUITES[0],
+                    help="the suite whose pipelines run (maniskill_lang3_peg: openvla, openvla_oft)")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end smoke settings")
     ap.add_argument("--out", default=None, help="run directories go under it (default: a fresh runs/bench_vla_<time>)")
     ap.add_argument("--demos", default=None,
@@ -276,6 +307,8 @@ def main() -> None:
                     help="read finished pipeline directories (family from the directory name)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of every family's pipeline")
     args = ap.parse_args()
+    global SUITE
+    SUITE = args.suite
     families: dict = {}
     interrupted = False
     if args.summarize:
@@ -289,6 +322,10 @@ def main() -> None:
         # --quick records its own 1-demo, 32 px set in the output folder unless --demos is given
         demos = args.demos or (str(out / "demos") if args.quick else "data/demos")
         names = list(CONFIGS) if args.family == "all" else [ALIASES.get(args.family, args.family)]
+        if args.family == "all":  # every family the suite has a pipeline of
+            names = suite_families(SUITE)
+        for name in names:
+            config_path(name, SUITE)  # a family without a pipeline here fails before any runs
         for name in names:
             extra = ([*QUICK, QUICK_IMAGE[name]] if args.quick else []) + list(args.overrides)
             families[name] = run_family(name, out / name, demos, extra)

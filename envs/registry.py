@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 from rlinf_embodied.config import components
+from rlinf_embodied.envs import maniskill_suites as _maniskill_suites
 
 __all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "EnvEntry"]
 
@@ -167,8 +168,10 @@ _LIBERO = {
 for _suite, _text in _LIBERO.items():
     register_env(f"libero/{_suite}", description=_text, type="libero", suite=_suite)
 # language-conditioned ManiSkill suites (envs/maniskill_suites.py; the VLA SFT -> RL miniature)
-register_env("maniskill/maniskill_lang3", type="maniskill", suite="maniskill_lang3",
-             description="PushCube, PullCube, StackCube with instructions (ManiSkill3 suite, 80 steps)")
+for _suite in _maniskill_suites.SUITES.values():
+    register_env(f"maniskill/{_suite.name}", type="maniskill", suite=_suite.name,
+                 description=f"{_suite.description} (ManiSkill3 suite, {_suite.max_episode_steps} "
+                             "steps)")
 
 register_env("toy/PointReach-v0", type="gym", env_id="toy/PointReach-v0",
              description="2-D point reaching a target; continuous actions, state obs, learnable in ~20k steps")

@@ -240,13 +240,14 @@ def protocols_command() -> None:
     typer.echo("protocol@version [env] description; then max policy steps per suite or env id, "
                "settle steps, trials per task, image size, the global seed (Python, numpy, torch), "
                "the env seed (trial i resets with env seed + i) and the packages it requires")
+    width = max(len(get_protocol(n).id) for n in protocol_names()) + 1
     for name in protocol_names():
         p = get_protocol(name)
         steps = ", ".join(f"{'any' if k == '*' else k} {v}" for k, v in p.max_steps.items()) or "env default"
         image = (f"{p.image_size} px{' rotated 180' if p.rotate_180 else ''}"
                  if p.image_size else "env default")
         requires = ", ".join(f"{k}{v}" for k, v in p.requires.items()) or "none"
-        typer.echo(f"{p.id:<22} [{p.env}] {p.description}\n{'':<23}max steps: {steps}; settle "
+        typer.echo(f"{p.id:<{width}} [{p.env}] {p.description}\n{'':<{width + 1}}max steps: {steps}; settle "
                    f"{p.num_settle_steps}; {p.trials_per_task} trials/task; image {image}; "
                    f"global seed {p.global_seed}; env seed {p.env_seed}; requires {requires}")
 

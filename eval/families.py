@@ -395,8 +395,8 @@ def auto_obs_mode(req: EvalRequest) -> str:
 
     ``req.obs_mode`` when it is ``rgb`` or ``state`` (checked against the video request and the
     policy's saved spec); for ``auto``: ``rgb`` when a video needs images the family films only
-    from the policy's view, ``state`` for ``random`` or a checkpoint saved without images,
-    else ``rgb``.
+    from the policy's view or for a ManiSkill suite, ``state`` for ``random`` or a checkpoint
+    saved without images, else ``rgb``.
 
     Raises:
         EvalError: an unknown mode, ``state`` with a video the family cannot film, or ``rgb``
@@ -416,6 +416,8 @@ def auto_obs_mode(req: EvalRequest) -> str:
         return req.obs_mode
     if req.video != "none" and not state_video:
         return "rgb"
+    if req.env == "maniskill" and req.suite:
+        return "rgb"  # a language-conditioned ManiSkill suite gives camera images only
     if req.policy == "random":
         return "state"
     spec = _checkpoint_spec(req)

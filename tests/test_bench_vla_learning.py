@@ -196,3 +196,19 @@ def test_a_failed_pipeline_gives_its_error_in_the_json_line_and_exit_status_1(be
     assert e.value.code == 1
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["families"]["pi0"]["error"].startswith("sft-rl exited 1")
+
+
+def test_suite_selects_the_pipeline_configs_and_refuses_a_family_without_one(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_vla_learning as bench
+
+    assert bench.suite_families("maniskill_lang3") == ["openvla", "openvla_oft", "pi0", "pi05"]
+    assert bench.suite_families("maniskill_lang3_peg") == ["openvla", "openvla_oft"]
+    assert bench.config_path("openvla_oft", "maniskill_lang3_peg") == \
+        "configs/sft/maniskill_lang3_peg_sft_rl_oft.yaml"
+    monkeypatch.setattr(bench, "SUITE", "maniskill_lang3_peg")
+    cmd = bench.pipeline_command("openvla", Path("r"), "d", [])
+    assert cmd[4] == "configs/sft/maniskill_lang3_peg_sft_rl_openvla.yaml"
+    with pytest.raises(SystemExit, match=r"suite maniskill_lang3_peg has no pi0 pipeline .*its "
+                                         r"families: openvla, openvla_oft\."):
+        bench.config_path("pi0", "maniskill_lang3_peg")

@@ -135,6 +135,12 @@ class SFTEvalConfig:
     def __post_init__(self):
         if self.rl_checkpoint not in ("latest", "best"):
             raise ConfigError(f"eval.rl_checkpoint must be latest or best (got {self.rl_checkpoint!r}).")
+        if self.episodes < 1 or self.gate_episodes < 1:
+            raise ConfigError(f"eval.episodes and eval.gate_episodes must be >= 1 (got "
+                              f"{self.episodes} and {self.gate_episodes}).")
+        if not 0.0 <= self.gate_tolerance <= 1.0:
+            raise ConfigError(f"eval.gate_tolerance is a success-rate difference in [0, 1] "
+                              f"(got {self.gate_tolerance}).")
         if self.gate_episodes > self.episodes:
             raise ConfigError(
                 f"eval.gate_episodes={self.gate_episodes} exceeds eval.episodes={self.episodes}: "
@@ -200,10 +206,28 @@ class SFTJobConfig:
                     f"rl.task_ids={list(self.rl.task_ids)} must be a non-empty subset of the "
                     f"pipeline's tasks {have} (env.task_ids); drop {extra or 'the empty list'} or "
                     "set rl.task_ids=null to train on all of them.")
+        self._check_protocol()
         if self.policy.type in VLA_TYPES and getattr(self.env, "suite", None) is None:
             raise ConfigError(
                 f"policy.type={self.policy.type} learns from a language-conditioned suite's RGB "
                 "demos; set env.suite (e.g. maniskill_lang3) and env.obs_mode=rgb.")
+
+    def _check_protocol(self) -> None:
+        """``eval.protocol`` must be a ManiSkill protocol that covers the pipeline's suite (or
+        task), or the SFT evaluation would fail after training."""
+        from rlinf_embodied.eval.protocols import ProtocolError, get_protocol
+
+        suite = self.env.suite_spec() if getattr(self.env, "suite", None) else None
+        want = f"; set eval.protocol={suite.protocol} (the suite's)" if suite else ""
+        try:
+            protocol = get_protocol(self.eval.protocol, "maniskill")
+            protocol.max_steps_for(suite.name if suite else self.env.env_id)
+        except ProtocolError as e:
+            raise ConfigError(f"eval.protocol={self.eval.protocol}: {e}".rstrip(".") + want
+                              + ".") from None
+        if suite is not None and protocol.name != suite.protocol and protocol.max_steps:
+            raise ConfigError(f"eval.protocol={self.eval.protocol} is not the protocol of suite "
+                              f"{suite.name}{want}.")
 
     def run_dir(self) -> Path:
         """The pipeline's directory (``sft/``, ``rl/`` and the reports go under it)."""

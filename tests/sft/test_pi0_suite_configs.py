@@ -137,3 +137,27 @@ def test_a_gate_longer_than_the_sft_evaluation_is_refused(tmp_path):
                                           r"set eval.gate_episodes <= 50\.$"):
         load_sft_config(path, [f"run.dir={tmp_path}", "eval.gate_episodes=60"])
     assert load_sft_config(path, ["eval.gate_episodes=50"]).eval.gate_episodes == 50
+
+
+def test_a_protocol_of_another_suite_or_bad_eval_counts_are_refused_at_load(tmp_path):
+    """Caught when the config loads, not after SFT has trained (the SFT evaluation needs the
+    protocol's horizon for the suite)."""
+    path = "configs/sft/maniskill_lang3_peg_sft_rl_oft.yaml"
+    with pytest.raises(ConfigError, match=r"^eval.protocol=maniskill_lang3_v1: Protocol "
+                                          r"maniskill_lang3_v1 defines max steps for "
+                                          r"maniskill_lang3, .*set eval.protocol="
+                                          r"maniskill_lang3_peg_v1 \(the suite's\)\.$"):
+        load_sft_config(path, ["eval.protocol=maniskill_lang3_v1"])
+    with pytest.raises(ConfigError, match=r"^eval.protocol=maniskill_lang3_peg_v1: .*set "
+                                          r"eval.protocol=maniskill_lang3_v1 \(the suite's\)"):
+        load_sft_config(path, ["env.suite=maniskill_lang3"])
+    with pytest.raises(ConfigError, match=r"^eval.protocol=openvla_v1: .*maniskill"):
+        load_sft_config(path, ["eval.protocol=openvla_v1"])
+    with pytest.raises(ConfigError, match=r"^eval.episodes and eval.gate_episodes must be >= 1 "
+                                          r"\(got 0 and 10\)"):
+        load_sft_config(path, ["eval.episodes=0"])
+    with pytest.raises(ConfigError, match=r"^eval.gate_tolerance is a success-rate difference"):
+        load_sft_config(path, ["eval.gate_tolerance=-0.5"])
+    # the MLP pipeline's protocol (maniskill_fair_v1) uses each env's own time limit
+    assert load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml").eval.protocol == \
+        "maniskill_fair_v1"
