@@ -98,8 +98,9 @@ def check_image_policy(cfg: JobConfig) -> None:
     """A policy with an image-size check (``cnn``: ``CNNPolicyConfig.check_image_size``) must
     fit the env's images, where the env config states their size: ``env.sensor_size``
     (ManiSkill) or ``env.image_size`` (LIBERO), with ``env.obs_mode=rgb`` or
-    ``env.render_images=true`` (a ManiSkill env with neither gives no images: refused). Skipped when the size is unknown (``gym``: the env decides),
-    and then the policy's own check raises inside the worker.
+    ``env.render_images=true`` (a ManiSkill env with neither gives no images: refused).
+    Skipped when the size is unknown (``gym``: the env decides), and then the policy's own
+    check raises inside the worker.
 
     Raises:
         ConfigError: naming the image size, the conv layer where it drops below 1 pixel and
