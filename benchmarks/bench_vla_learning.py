@@ -80,24 +80,30 @@ SUITE = SUITES[0]
 """The suite of this run's pipelines (``--suite``)."""
 
 
-def config_path(family: str, suite: str) -> str:
-    """``family``'s shipped pipeline config for ``suite`` (``configs/sft/<suite>_sft_rl_*.yaml``).
-
-    Raises:
-        SystemExit: the suite has no pipeline of that family (names those it has).
-    """
-    path = CONFIGS[family].replace("maniskill_lang3_", f"{suite}_", 1)
-    if not (ROOT / path).is_file():
-        have = suite_families(suite)
-        sys.exit(f"error: suite {suite} has no {family} pipeline ({path}); its families: "
-                 f"{', '.join(have)}.")
-    return path
+def suite_configs(suite: str) -> dict[str, str]:
+    """Family -> its shipped pipeline config for ``suite`` (``configs/sft/<suite>_sft_rl_*.yaml``),
+    for the families that have one."""
+    paths = {f: c.replace("maniskill_lang3_", f"{suite}_", 1) for f, c in CONFIGS.items()}
+    return {f: p for f, p in paths.items() if (ROOT / p).is_file()}
 
 
 def suite_families(suite: str) -> list[str]:
     """The families with a shipped pipeline config for ``suite``."""
-    return [f for f in CONFIGS
-            if (ROOT / CONFIGS[f].replace("maniskill_lang3_", f"{suite}_", 1)).is_file()]
+    return list(suite_configs(suite))
+
+
+def config_path(family: str, suite: str) -> str:
+    """``family``'s shipped pipeline config for ``suite``.
+
+    Raises:
+        SystemExit: the suite has no pipeline of that family (names those it has).
+    """
+    have = suite_configs(suite)
+    if family not in have:
+        path = CONFIGS[family].replace("maniskill_lang3_", f"{suite}_", 1)
+        sys.exit(f"error: suite {suite} has no {family} pipeline ({path}); its families: "
+                 f"{', '.join(have)}.")
+    return have[family]
 
 
 def pipeline_command(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> list[str]:

@@ -213,8 +213,9 @@ def _run_suite_demos(cfg: SFTJobConfig, log, force: bool) -> Path:
 
     e, d = cfg.env, cfg.demos
     root = Path(d.dir) / e.suite
+    suite = e.suite_spec()
     for env_id in e.env_ids():
-        if (k := e.suite_spec().demo_stride(env_id, d.stride)) != d.stride:
+        if (k := suite.demo_stride(env_id, d.stride)) != d.stride:
             log(f"demos: {env_id} at its suite task's stride {k}, not demos.stride={d.stride} "
                 "(its plans would not fit the suite's horizon)")
     found = find_suite_demos(d.dir, e, d.stride)
