@@ -218,12 +218,16 @@ class SFTJobConfig:
         from rlinf_embodied.eval.protocols import ProtocolError, get_protocol
 
         suite = self.env.suite_spec() if getattr(self.env, "suite", None) else None
-        want = f"; set eval.protocol={suite.protocol} (the suite's)" if suite else ""
         try:
-            get_protocol(self.eval.protocol, "maniskill").max_steps_for(suite.name if suite else self.env.env_id)
+            get_protocol(self.eval.protocol, "maniskill").max_steps_for(
+                suite.name if suite else self.env.env_id)
         except ProtocolError as e:
-            raise ConfigError(f"eval.protocol={self.eval.protocol}: {e}".rstrip(".") + want
-                              + ".") from None
+            # the protocol's message ends with the `eval` command's fix (--max-steps); a
+            # pipeline's fix is the suite's protocol
+            why = str(e).split("; pick one of those")[0].rstrip(".")
+            fix = (f"; set eval.protocol={suite.protocol} (the suite's)" if suite
+                   else "; set eval.protocol to a ManiSkill protocol for it")
+            raise ConfigError(f"eval.protocol={self.eval.protocol}: {why}{fix}.") from None
 
     def run_dir(self) -> Path:
         """The pipeline's directory (``sft/``, ``rl/`` and the reports go under it)."""
