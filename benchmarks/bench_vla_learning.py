@@ -30,7 +30,8 @@ While a pipeline runs its output goes to stderr line by line, as ``[<family> +MM
 terminal (the RL stage finishes its iteration and saves; a second Ctrl-C aborts) and shuts Ray
 and its env pools down; then the JSON line is printed (the family with ``interrupted: true``)
 and the script exits 130. A family whose pipeline failed has ``error`` in the JSON line, and
-the script then exits 1.
+the script then exits 1. Bad input (a suite without the family's pipeline, an unfinished
+directory to summarize) exits 2 with one ``error:`` line, as the CLI's config errors do.
 """
 
 from __future__ import annotations
@@ -92,17 +93,27 @@ def suite_families(suite: str) -> list[str]:
     return list(suite_configs(suite))
 
 
+def refuse(message: str) -> None:
+    """Bad input: ``error: <message>`` on stderr, exit status 2 (as the CLI's config errors).
+
+    Raises:
+        SystemExit: always, with code 2.
+    """
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def config_path(family: str, suite: str) -> str:
     """``family``'s shipped pipeline config for ``suite``.
 
     Raises:
-        SystemExit: the suite has no pipeline of that family (names those it has).
+        SystemExit: code 2, the suite has no pipeline of that family (names those it has).
     """
     have = suite_configs(suite)
     if family not in have:
         path = CONFIGS[family].replace("maniskill_lang3_", f"{suite}_", 1)
-        sys.exit(f"error: suite {suite} has no {family} pipeline ({path}); its families: "
-                 f"{', '.join(have)}.")
+        refuse(f"suite {suite} has no {family} pipeline ({path}); its families: "
+               f"{', '.join(have)}.")
     return have[family]
 
 
@@ -320,8 +331,8 @@ def main() -> None:
     if args.summarize:
         for d in args.summarize:
             if not (Path(d) / "summary.json").is_file():
-                sys.exit(f"error: {d} has no summary.json (an unfinished pipeline); finish it with "
-                         "`rlinf-embodied finetune <its config> run.dir=...` first.")
+                refuse(f"{d} has no summary.json (an unfinished pipeline); finish it with "
+                       "`rlinf-embodied finetune <its config> run.dir=...` first.")
             families[family_of(d)] = summarize_run(Path(d))
     else:
         out = Path(args.out or ROOT / "runs" / f"bench_vla_{time.strftime('%Y%m%d_%H%M%S')}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -198,7 +199,7 @@ def test_a_failed_pipeline_gives_its_error_in_the_json_line_and_exit_status_1(be
     assert line["families"]["pi0"]["error"].startswith("sft-rl exited 1")
 
 
-def test_suite_selects_the_pipeline_configs_and_refuses_a_family_without_one(monkeypatch):
+def test_suite_selects_the_pipeline_configs_and_refuses_a_family_without_one(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_vla_learning as bench
 
@@ -209,6 +210,21 @@ def test_suite_selects_the_pipeline_configs_and_refuses_a_family_without_one(mon
     monkeypatch.setattr(bench, "SUITE", "maniskill_lang3_peg")
     cmd = bench.pipeline_command("openvla", Path("r"), "d", [])
     assert cmd[4] == "configs/sft/maniskill_lang3_peg_sft_rl_openvla.yaml"
-    with pytest.raises(SystemExit, match=r"suite maniskill_lang3_peg has no pi0 pipeline .*its "
-                                         r"families: openvla, openvla_oft\."):
+    with pytest.raises(SystemExit) as e:
         bench.config_path("pi0", "maniskill_lang3_peg")
+    assert e.value.code == 2  # bad input, as the CLI's config errors
+    assert re.fullmatch(r"error: suite maniskill_lang3_peg has no pi0 pipeline .*its "
+                        r"families: openvla, openvla_oft\.\n", capsys.readouterr().err)
+
+
+def test_summarizing_an_unfinished_pipeline_is_bad_input(monkeypatch, capsys, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_vla_learning as bench
+
+    (tmp_path / "sft").mkdir()  # SFT saved, no summary.json yet
+    monkeypatch.setattr(sys, "argv", ["bench_vla_learning.py", "--summarize", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path} has no summary.json") and "finetune" in err

@@ -401,7 +401,10 @@ class TrainerConfig:
     offload: bool = False
     """FSDP CPU offload of parameters, gradients and optimizer state."""
     max_time_s: Optional[float] = None
-    """Stop (and checkpoint) after this wall time."""
+    """Wall-time budget in seconds, from the start (or resume) of the run: the run stops (and
+    checkpoints, and evaluates when ``eval_every`` > 0) after the iteration past which another
+    would end beyond it, the next predicted to take as long as the last one, plus the last
+    in-training evaluation's time when one is due first. The final evaluation comes after."""
     max_restarts: int = 3
     """Restarts after a rank of the placed groups (env, rollout, actor) or its node is lost:
     the groups start again on the reserved capacity left (or coming back) and the run goes on

@@ -237,7 +237,8 @@ class ReasoningTrainerConfig:
     save_every: int = 0
     """Checkpoint every this many steps (and at the end); 0 disables."""
     max_time_s: Optional[float] = None
-    """Stop after this wall time."""
+    """Wall-time budget in seconds: the run stops after the step past which another (as
+    long as the last, after the evaluation due first) would end beyond it."""
     offload: bool = False
     """FSDP CPU offload of parameters, gradients and optimizer state."""
 

@@ -21,6 +21,7 @@ from rlinf_embodied.config import as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger
 from rlinf_embodied.reasoning.launch import launch_reasoning_groups, split_evenly
 from rlinf_embodied.llm.messages import PromptRequest
+from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PerRank, wait_all
 
@@ -79,7 +80,7 @@ class ReasoningRunner:
         owns_handlers = not self.signals._prev
         self.signals.install()
         self.signals.phase = "training"
-        done = 0
+        done, eval_s = 0, 0.0
         try:
             if t.sft_steps:
                 sft = g.actor.sft(t.sft_steps).wait()[0]
@@ -91,6 +92,7 @@ class ReasoningRunner:
             for step in range(t.iterations):
                 if self.signals.requested:
                     break
+                t_step = time.time()
                 m = {"time/weight_sync_s": g.sync.push(step)}
                 t0 = time.perf_counter()
                 reqs = self._sample(step)
@@ -107,9 +109,14 @@ class ReasoningRunner:
                 m["rollout/response_length"] = sum(s["tokens"] for s in gs) / max(1, n)
                 m["rollout/truncated"] = sum(s["truncated"] for s in gs) / max(1, n)
                 m["rollout/tokens_per_s"] = sum(s["tokens"] for s in gs) / max(1e-9, m["time/generate_s"])
-                last = step + 1 == t.iterations or bool(t.max_time_s and time.time() - start > t.max_time_s)
-                if t.eval_every and ((step + 1) % t.eval_every == 0 or last):
+                evaluating = bool(t.eval_every) and (step + 1) % t.eval_every == 0
+                now = time.time()  # stop before a step that would end past the budget
+                last = step + 1 == t.iterations or over_budget(
+                    now - start, now - t_step, t.max_time_s, due_s=eval_s if evaluating else 0.0)
+                if t.eval_every and (evaluating or last):
+                    t_eval = time.time()
                     m.update(self.evaluate(step + 1))
+                    eval_s = time.time() - t_eval
                 self.log.log(m, tokens, step + 1)
                 self.results["steps"].append({"step": step + 1, **m})
                 done = step + 1

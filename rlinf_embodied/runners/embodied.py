@@ -20,6 +20,7 @@ from rlinf_embodied.checkpoint import (
 )
 from rlinf_embodied.config import ConfigError, JobConfig, as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger, plot_curves
+from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.restarts import (
     RANK_LOSS_ERRORS,
     RunLostError,
@@ -99,6 +100,8 @@ class EmbodiedRunner:
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
         self.restarts = 0
         """Restarts so far (``trainer.max_restarts``)."""
+        self._eval_s = 0.0
+        """Seconds the last in-training evaluation took (``trainer.max_time_s``'s forecast)."""
         try:
             self.g = self._launch(ckpt)
         except BaseException:
@@ -167,6 +170,7 @@ class EmbodiedRunner:
         due. Returns True when the run is done (last iteration, time or target reached)."""
         cfg, g, t = self.cfg, self.g, self.cfg.trainer
         it = self.state["iteration"]
+        t_iter = time.time()
         m = {"time/weight_sync_s": g.sync.push(it)}
         env_stats, tm = self._rollout_and_train(it, m)
         m["time/context_switch_s"] = max(
@@ -185,11 +189,18 @@ class EmbodiedRunner:
         m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)
         if cfg.env.success_hold_ramp is not None:
             m["rollout/success_hold_steps"] = cfg.env.hold_steps_at(it)
-        timed_out = bool(t.max_time_s) and time.time() - start > t.max_time_s
+        evaluating = bool(t.eval_every) and self.state["iteration"] % t.eval_every == 0
+        now = time.time()
+        # stop before an iteration that would end past the budget: the next one is predicted
+        # to take as long as this one, after this one's evaluation (as long as the last one)
+        timed_out = over_budget(now - start, now - t_iter, t.max_time_s,
+                                due_s=self._eval_s if evaluating else 0.0)
         done = self.state["iteration"] == t.iterations or timed_out
         videos = cfg.eval.num_videos
-        if t.eval_every and (self.state["iteration"] % t.eval_every == 0 or done):
+        if t.eval_every and (evaluating or done):
+            t_eval = time.time()
             m.update(self.evaluate(self.state["iteration"], videos=videos if done else 0))
+            self._eval_s = time.time() - t_eval
             if not done and t.target_success is not None and m["eval/success_once"] >= t.target_success:
                 print(f"eval success_once {m['eval/success_once']:.3f} >= "
                       f"trainer.target_success={t.target_success}: solved, stopping.")
@@ -199,8 +210,9 @@ class EmbodiedRunner:
         if t.save_every and (self.state["iteration"] % t.save_every == 0 or done):
             self.save()
         if timed_out:
-            print(f"trainer.max_time_s={t.max_time_s} reached: stopped after iteration "
-                  f"{self.state['iteration']} (checkpoint and final evaluation saved).")
+            print(f"trainer.max_time_s={t.max_time_s}: stopped after iteration "
+                  f"{self.state['iteration']} at {time.time() - start:.0f} s, another would end "
+                  f"past the budget (checkpoint and final evaluation saved).")
         return done
 
     def _restart(self, err: BaseException) -> None:

@@ -286,8 +286,9 @@ class EnvWorker(Worker):
         Returns:
             ``episodes``, ``success_once`` and ``success_at_end`` (sums), ``episode_return``
             (sum), ``per_task`` (instruction -> [episodes, successes once]), ``videos`` (paths),
-            and ``trials``: per episode ``trial``, ``seed``, ``success_once``,
-            ``success_at_end``, ``episode_return``.
+            and ``trials``: per episode ``trial``, ``seed``, ``instruction`` (the task's
+            language instruction, or the env id), ``success_once``, ``success_at_end``,
+            ``episode_return``.
         """
         from rlinf_embodied.eval.acting import episode_seed
 
@@ -338,6 +339,7 @@ class EnvWorker(Worker):
             "episode_return": float(ret.sum()),
             "videos": [str(p) for p in recorder.videos] if recorder is not None else [],
             "trials": [{"trial": first + i, "seed": ev.trial_seed(run_seed, first + i),
+                        "instruction": str(obs["task_descriptions"][i]),
                         "success_once": bool(succ_once[i]), "success_at_end": bool(success[i]),
                         "episode_return": float(ret[i])} for i in range(n)],
         }

@@ -21,7 +21,8 @@ JOB = """
 run: {name: agree, seed: 5}
 cluster: {num_cpu_devices: 1}
 placement: collocated
-env: {type: gym, env_id: toy/PointReach-v0, num_envs: 4, max_episode_steps: 15}
+env: {type: gym, env_id: toy/PointReach-v0, num_envs: 4, max_episode_steps: 15,
+      task_description: reach the point}
 policy: {type: mlp, hidden_sizes: [32, 32]}
 trainer: {iterations: 2, rollout_steps: 15, update_epochs: 1, num_minibatches: 2,
           eval_every: 2, save_every: 2}
@@ -46,6 +47,7 @@ def test_in_training_eval_and_standalone_eval_agree_trial_by_trial(ray_session, 
     base = cfg.eval.trial_seed(cfg.run.seed)
     assert [trials[j]["seed"] for j in range(6)] == [base + j for j in range(6)]
     assert len({round(t["episode_return"], 9) for t in trials.values()}) == 6  # all distinct
+    assert {t["instruction"] for t in trials.values()} == {"reach the point"}  # per trial
 
     for num_envs, procs in ((4, 0), (1, 1)):
         res = evaluate(EvalRequest(env=None, policy=str(run / "checkpoints" / "iter_000002"),
