@@ -495,7 +495,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     configured ``trainer.iterations`` (none when it has done them), without a new gate when
     ``rl/gate.json`` exists; the final evaluation is then that of an uninterrupted run
     (``rl_state.json``'s ``wall_s`` counts this command's training, ``resumed_from`` the
-    iteration it continued from).
+    iteration it continued from, and ``wall_s_total`` adds the training before when that part
+    finished and recorded its time: a run extended by raising ``trainer.iterations``).
 
     Raises:
         rlinf_embodied.config.ConfigError: ``resume`` and nothing to continue
@@ -539,6 +540,11 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         state["wall_s"] = time.perf_counter() - t0
         if done is not None:
             state["resumed_from"] = done["iteration"]
+            old = rl_dir / "rl_state.json"  # the part before, when it finished (not a Ctrl-C)
+            old = json.loads(old.read_text()) if old.is_file() else {}
+            before = old.get("wall_s_total", old.get("wall_s"))
+            if old.get("iteration") == done["iteration"] and before is not None:
+                state["wall_s_total"] = before + state["wall_s"]
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
     ckpt = best if cfg.eval.rl_checkpoint == "best" and best.is_dir() else rl_dir  # rl_dir: latest

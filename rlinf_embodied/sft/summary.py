@@ -83,7 +83,8 @@ def stage_costs(cfg: SFTJobConfig) -> dict[str, Any]:
                        + eval_steps(run / "rl" / "gate_sampled.json")}
     state = read(run / "rl" / "rl_state.json")
     if state:
-        out["rl"] = {"wall_s": state.get("wall_s"), "env_steps": state.get("env_steps"),
+        out["rl"] = {"wall_s": state.get("wall_s_total", state.get("wall_s")),  # all parts
+                     "env_steps": state.get("env_steps"),
                      "iterations": state.get("iteration")}
     final = read(run / "rl" / "final_eval_summary.json")
     if final:

@@ -454,3 +454,13 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     assert r.exit_code == 0 and len(made) == 2, r.output
     assert f"iter_{iterations:06d} has done trainer.iterations={iterations}" in r.output
     assert json.loads((run / "rl" / "rl_state.json").read_text()) == state
+    assert "wall_s_total" not in state  # the Ctrl-C'd first part recorded no time
+    # extended by two iterations: the stage's time adds the finished part's
+    r = CliRunner().invoke(app, [*args, f"rl.overrides=[trainer.iterations={iterations + 2}]",
+                                 "--resume"])
+    assert r.exit_code == 0 and made[2] == (True, f"iter_{iterations:06d}"), r.output
+    more = json.loads((run / "rl" / "rl_state.json").read_text())
+    assert more["iteration"] == iterations + 2 and more["resumed_from"] == iterations
+    assert more["wall_s_total"] == pytest.approx(state["wall_s"] + more["wall_s"])
+    stages = json.loads((run / "summary.json").read_text())["stages"]
+    assert stages["rl"]["wall_s"] == more["wall_s_total"] and stages["rl"]["iterations"] == iterations + 2
