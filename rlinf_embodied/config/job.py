@@ -62,6 +62,7 @@ class JobConfig:
 
     def __post_init__(self):
         self.check_fixed_length_envs()
+        self._check_whole_episodes()
         self._warn_unused_critic_settings()
         ramp, last = self.env.success_hold_ramp, self.trainer.iterations
         if ramp is not None and ramp[0] >= last:
@@ -102,6 +103,30 @@ class JobConfig:
                 "this policy does not have (policy.critic=false); set trainer.critic_lr=null or "
                 "policy.critic=true."
             )
+
+    def _check_whole_episodes(self) -> None:
+        """GRPO over fixed-length episodes (``env.ignore_terminations``) compares each group's
+        episode returns, so every env's rollout must be exactly one episode:
+        ``trainer.rollout_steps`` x ``policy.action_chunk`` = ``env.max_episode_steps``
+        (shorter, the return is cut; longer, a second, cut episode is added to it).
+
+        Raises:
+            ConfigError: the rollout is not one whole episode (the message names the setting).
+        """
+        e, t = self.env, self.trainer
+        steps = getattr(e, "max_episode_steps", None)
+        if self.algorithm.advantage != "grpo" or not getattr(e, "ignore_terminations", False) \
+                or steps is None:
+            return
+        k = getattr(self.policy, "action_chunk", None) or 1
+        if t.rollout_steps * k == steps:
+            return
+        fix = (f"set trainer.rollout_steps={steps // k}" if steps % k == 0 else
+               f"set env.max_episode_steps to a multiple of {k} (e.g. {-(-steps // k) * k})")
+        raise ConfigError(
+            f"trainer.rollout_steps={t.rollout_steps} x policy.action_chunk={k} = "
+            f"{t.rollout_steps * k} env steps per rollout, but env.max_episode_steps={steps} with "
+            f"env.ignore_terminations: GRPO compares the returns of whole episodes; {fix}.")
 
     def _warn_unused_critic_settings(self) -> None:
         """Warn when critic settings cannot change the policy: the critic-free estimators

@@ -163,3 +163,18 @@ def test_a_protocol_of_another_suite_or_bad_eval_counts_are_refused_at_load(tmp_
     # the MLP pipeline's protocol (maniskill_fair_v1) uses each env's own time limit
     assert load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml").eval.protocol == \
         "maniskill_fair_v1"
+
+
+def test_an_rl_rollout_that_is_not_one_whole_episode_is_refused(tmp_path):
+    """GRPO compares whole episodes' returns: a rollout shorter or longer than the RL env's
+    fixed-length episode is refused when the pipeline config loads, naming the setting."""
+    path = "configs/sft/maniskill_lang3_sft_rl_oft.yaml"
+    cases = {'["env.max_episode_steps=48","trainer.rollout_steps=20"]': "set trainer.rollout_steps=12",
+             '["trainer.rollout_steps=12"]': "set trainer.rollout_steps=20",  # the 80-step episodes
+             '["env.max_episode_steps=50"]': r"set env.max_episode_steps to a multiple of 4 \(e.g. 52\)"}
+    for overrides, fix in cases.items():
+        with pytest.raises(ConfigError, match=r"^The RL stage .*GRPO compares the returns of whole "
+                                              rf"episodes; {fix}\.$"):
+            validate_rl_stage(load_sft_config(path, [f"run.dir={tmp_path}", f"rl.overrides={overrides}"]))
+    job = validate_rl_stage(load_sft_config(path, [f"run.dir={tmp_path}", 'rl.overrides=["env.max_episode_steps=60","trainer.rollout_steps=15"]']))
+    assert job.env.max_episode_steps == 60 and job.trainer.rollout_steps == 15
