@@ -330,6 +330,11 @@ def main() -> None:
     interrupted = False
     if args.summarize:
         for d in args.summarize:
+            if not Path(d).is_dir():
+                refuse(f"{d} does not exist; pass the run.dir of an `rlinf-embodied sft-rl` pipeline.")
+            if not (Path(d) / "sft").is_dir():
+                refuse(f"{d} is not an SFT -> RL pipeline's run directory (no sft/); pass the "
+                       "run.dir of an `rlinf-embodied sft-rl` pipeline.")
             if not (Path(d) / "summary.json").is_file():
                 refuse(f"{d} has no summary.json (an unfinished pipeline); finish it with "
                        "`rlinf-embodied finetune <its config> run.dir=...` first.")

@@ -228,3 +228,8 @@ def test_summarizing_an_unfinished_pipeline_is_bad_input(monkeypatch, capsys, tm
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path} has no summary.json") and "finetune" in err
+    for d, says in ((tmp_path / "none", "does not exist"), (tmp_path / "sft", "is not an SFT -> RL")):
+        monkeypatch.setattr(sys, "argv", ["bench_vla_learning.py", "--summarize", str(d)])
+        with pytest.raises(SystemExit) as e:
+            bench.main()
+        assert e.value.code == 2 and says in capsys.readouterr().err

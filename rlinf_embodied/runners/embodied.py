@@ -211,8 +211,9 @@ class EmbodiedRunner:
             self.save()
         if timed_out:
             print(f"trainer.max_time_s={t.max_time_s}: stopped after iteration "
-                  f"{self.state['iteration']} at {time.time() - start:.0f} s, another would end "
-                  f"past the budget (checkpoint and final evaluation saved).")
+                  f"{self.state['iteration']}, trained by {now - start:.1f} s: another would end "
+                  f"past the budget (checkpoint and final evaluation saved, {time.time() - start:.1f} s"
+                  f" in all).")
         return done
 
     def _restart(self, err: BaseException) -> None:
