@@ -290,7 +290,9 @@ def test_finetune_refuses_other_episode_settings_than_the_sft_evaluation(tmp_pat
                       "control_mode": sft_env.control_mode, "obs_mode": sft_env.obs_mode},
               "protocol": "maniskill_fair_v1", "evaluation": {}}
     (run / "sft" / "sft_record.json").write_text(json.dumps(record))
-    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={run}", "env.max_episode_steps=20"])
+    # (the RL rollout kept one whole 20-step episode, so the episode check is what refuses)
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={run}", "env.max_episode_steps=20",
+                                 "rl.overrides=[trainer.rollout_steps=20]"])
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert ("env.max_episode_steps=20 (SFT: 100): the SFT checkpoint in" in out

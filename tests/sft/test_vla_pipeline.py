@@ -138,6 +138,6 @@ def test_bad_inputs_get_one_line(pipeline, tmp_path):
     with pytest.raises(ConfigError, match="policy.type is 'openvla' in the SFT config but 'openvla_oft'"):
         validate_rl_stage(token_sft)
     with pytest.raises(ConfigError, match="policy.action_chunk is 4 in the SFT config but 8"):
-        validate_rl_stage(cfg, ["policy.action_chunk=8"])
+        validate_rl_stage(cfg, ["policy.action_chunk=8", "trainer.rollout_steps=6"])  # 48 steps
     with pytest.raises(GateError, match="holds a 'openvla_oft' policy but the RL run's policy.type is 'openvla'"):
         check_gate(cfg.run_dir() / "sft" / "vla", cfg.env, tmp_path, policy_type="openvla")
