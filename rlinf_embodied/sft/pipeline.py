@@ -527,11 +527,12 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         atomic_write_json(rl_dir / "gate.json", gate)
     t0 = time.perf_counter()
     done = json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None else None
+    old = rl_dir / "rl_state.json"  # of the command that finished training, if one got there
+    old = json.loads(old.read_text()) if done is not None and old.is_file() else {}
+    finished = done is not None and old.get("iteration") == done["iteration"]
     if done is not None and done["iteration"] >= job.trainer.iterations:  # only the evaluation
         log(f"rl: {ckpt.name} has done trainer.iterations={job.trainer.iterations}")
-        old = rl_dir / "rl_state.json"  # of the command that finished training, if it got there
-        old = json.loads(old.read_text()) if old.is_file() else {}
-        state = old if old.get("iteration") == done["iteration"] else {**done, "wall_s": None}
+        state = old if finished else {**done, "wall_s": None}
     else:
         runner = EmbodiedRunner(job, rl_dir, resume=ckpt is not None, checkpoint=ckpt)
         state = runner.run()
@@ -540,10 +541,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         state["wall_s"] = time.perf_counter() - t0
         if done is not None:
             state["resumed_from"] = done["iteration"]
-            old = rl_dir / "rl_state.json"  # the part before, when it finished (not a Ctrl-C)
-            old = json.loads(old.read_text()) if old.is_file() else {}
             before = old.get("wall_s_total", old.get("wall_s"))
-            if old.get("iteration") == done["iteration"] and before is not None:
+            if finished and before is not None:  # not after a Ctrl-C: that part left no time
                 state["wall_s_total"] = before + state["wall_s"]
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
