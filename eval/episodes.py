@@ -123,6 +123,7 @@ def run_pairs(
     returns = np.zeros(n, np.float64)  # sum of rewards of each slot's episode
     queries = np.zeros(n, np.int64)  # act() calls of each slot's episode
     chunk = [None] * n  # K of the slot's last query
+    first_success = np.full(n, -1, np.int64)  # elapsed steps when success first held, or -1
     sinks = [(_VideoSink(video_dir, video_fps) if video != "none" else None) for _ in range(n)]
 
     def start(ids: List[int], first: bool = False) -> Dict[str, Any]:
@@ -135,6 +136,7 @@ def run_pairs(
                 elapsed[i] = 0
                 returns[i] = 0.0
                 queries[i] = 0
+                first_success[i] = -1
         if first and len(chosen) < n:
             # The first reset must cover every env: idle slots replay the first pair unrecorded.
             filler = chosen_pairs[0]
@@ -167,7 +169,9 @@ def run_pairs(
                        error=error, video=rel, success_at_end=at_end,
                        instruction=instruction(task), wall_s=round(time.time() - s.t0, 3),
                        episode_return=float(returns[i]), queries=int(queries[i]),
-                       action_chunk=chunk[i], open_loop_steps=chunk[i], head=head)
+                       action_chunk=chunk[i], open_loop_steps=chunk[i], head=head,
+                       success_step=int(first_success[i]) if success and first_success[i] >= 0
+                       else None)
 
     if not pending:
         return
@@ -211,6 +215,8 @@ def run_pairs(
             success_now = _np(info["success"]).astype(bool)
             elapsed[:] = _np(info["elapsed_steps"])
             for i in active:
+                if success_once[i] and first_success[i] < 0:
+                    first_success[i] = elapsed[i]
                 if sinks[i] is not None and "main_images" in obs:
                     sinks[i].add(obs["main_images"][i])
                 if done[i] or env_error[i]:

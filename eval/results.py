@@ -107,6 +107,11 @@ class Episode:
         open_loop_steps: actions of each chunk executed before the next query (K: the whole
             chunk, open loop; the last chunk stops at the episode's end).
         head: how the policy decoded actions (``l1_regression``, ``parallel_tokens``, ...).
+        success_step: env steps elapsed at the end of the query (the step, or the chunk of K
+            run open loop) in which success first held; None for an episode without success
+            and in results written before it was recorded. With chunks of K, success came
+            within the first H steps exactly when ``success_step <= H`` for H a multiple of K
+            (the step-0 gate scores the SFT evaluation at a shorter RL horizon this way).
     """
 
     task: TaskKey
@@ -123,6 +128,7 @@ class Episode:
     action_chunk: Optional[int] = None
     open_loop_steps: Optional[int] = None
     head: Optional[str] = None
+    success_step: Optional[int] = None
 
     @property
     def key(self) -> Tuple[TaskKey, int]:

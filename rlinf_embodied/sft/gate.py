@@ -10,8 +10,11 @@ SFT stage's evaluation results file and the gate settings). Before RL starts fro
 run re-evaluates the checkpoint under *its own* env settings on the first ``gate_episodes``
 recorded trials and refuses to start (:class:`GateError`) when it scores more than
 ``gate_tolerance`` below the SFT stage's result on the same trials: a checkpoint that scores
-far lower in the RL setup (another controller, horizon, observation layout, or simply the wrong
-weights) would make the RL run start from nothing.
+far lower in the RL setup (another controller, observation layout, or simply the wrong
+weights) would make the RL run start from nothing. An RL run with shorter episodes than the
+SFT evaluation's (the suite recipes' 48-step RL against the protocol's 80) is compared with the
+recorded trials' successes within its horizon (``Episode.success_step``), so that both sides
+score the same steps.
 
 Both evaluations are batch-invariant (the policy runs on each env's row alone, see
 :func:`~rlinf_embodied.eval.acting.policy_act`): under the same env settings the gate's
@@ -186,8 +189,16 @@ def _task_keys(env_cfg: Any) -> list[str]:
     return [str(env_cfg.env_id)]
 
 
-def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[tuple, bool]:
-    """(task, trial) -> success of the SFT stage's episodes with trial < ``trials``.
+def _recorded_episodes(record: dict[str, Any], trials: int,
+                       horizon: int | None = None) -> tuple[dict[tuple, bool], bool]:
+    """(task, trial) -> success of the SFT stage's episodes with trial < ``trials``, and
+    whether they were rescored.
+
+    With ``horizon`` below the SFT evaluation's ``max_episode_steps`` (an RL run with shorter
+    episodes), an episode counts as a success when it succeeded within the first ``horizon``
+    steps (:attr:`~rlinf_embodied.eval.results.Episode.success_step`), so both sides of the
+    gate score the same steps of the same trials; results without ``success_step`` (written
+    before it was recorded) keep their full-horizon success, and the second value is False.
 
     Raises:
         GateError: the SFT results file has none.
@@ -197,11 +208,16 @@ def _recorded_episodes(record: dict[str, Any], trials: int) -> dict[tuple, bool]
     path = Path(record["evaluation"]["results"])
     if not path.is_absolute() and not path.exists():
         path = Path(record["_dir"]) / path.name
-    eps = {(str(e.task), e.trial): bool(e.success)
-           for e in ResultsFile.load(path).episodes if e.trial < trials}
-    if not eps:
+    episodes = [e for e in ResultsFile.load(path).episodes if e.trial < trials]
+    if not episodes:
         raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
-    return eps
+    recorded_horizon = (record.get("env") or {}).get("max_episode_steps")
+    rescore = (horizon is not None and recorded_horizon is not None
+               and horizon < int(recorded_horizon)
+               and all(e.success_step is not None for e in episodes if e.success))
+    eps = {(str(e.task), e.trial): bool(e.success) and (not rescore or e.success_step <= horizon)
+           for e in episodes}
+    return eps, rescore
 
 
 def check_family(record: dict[str, Any], policy_type: str | None, checkpoint: Any) -> None:
@@ -243,7 +259,10 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         suite's task ids, else the env id): those of the record that ``env_cfg`` runs, which
         ``recorded``, ``episodes`` and ``differing_trials`` count alone; ``differing_trials``:
         trials whose success differs from the SFT stage's, none when the env settings are the
-        same and both evaluations were batch-invariant).
+        same and both evaluations were batch-invariant; ``horizon`` / ``recorded_horizon``: the
+        RL env's and the SFT evaluation's ``max_episode_steps``; ``recorded_within_horizon``:
+        whether the recorded side counts only successes within ``horizon``, see
+        :func:`_recorded_episodes`).
 
     Raises:
         GateError: no record next to the checkpoint, an SFT checkpoint of another policy type,
@@ -260,7 +279,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     checkpoint = Path(record["_dir"]) / record.get("policy", "policy")
     k = int(episodes or record["gate_episodes"])
     tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
-    everything = _recorded_episodes(record, k)
+    horizon = getattr(env_cfg, "max_episode_steps", None)
+    everything, rescored = _recorded_episodes(record, k, horizon)
     # the re-evaluation runs the RL env's tasks (a suite's task_ids may select fewer than the
     # SFT evaluation ran): the recorded side is its trials of those tasks
     tasks = _task_keys(env_cfg)
@@ -288,7 +308,10 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
               "measured_ci95": ev["ci95"], "episodes": n, "tolerance": tol,
               "tasks": [t for t in tasks if any(key[0] == t for key in sft)],
               "passed": ev["rate"] >= recorded - tol, "differing_trials": differing,
-              "batch_invariant": bool(gate.header.get("batch_invariant"))}
+              "batch_invariant": bool(gate.header.get("batch_invariant")),
+              "horizon": horizon,
+              "recorded_horizon": (record.get("env") or {}).get("max_episode_steps"),
+              "recorded_within_horizon": rescored}
     if sampled and result["passed"]:
         # under the greedy re-evaluation's settings, those it took from the SFT record included
         # (given here, so that the evaluation does not print that it took them a second time)
@@ -306,8 +329,10 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     subset = (f" of tasks {', '.join(result['tasks'])} (the RL env's; recorded: "
               f"{', '.join(dict.fromkeys(t for t, _ in everything))})" if len(sft) < len(everything)
               else "")
+    within = (f" within its first {horizon} steps (of {result['recorded_horizon']})"
+              if rescored else "")
     log(f"step-0 gate {verdict}: SFT checkpoint scores {ev['rate']:.2f} on trials 0..{trials - 1}"
-        f"{subset} under the RL setup; recorded {recorded:.2f} (tolerance {tol:.2f})")
+        f"{subset} under the RL setup; recorded {recorded:.2f}{within} (tolerance {tol:.2f})")
     if differing:
         log(f"  trials whose success differs from the SFT stage's: {differing}")
     if "sampled" in result:

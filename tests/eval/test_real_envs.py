@@ -100,6 +100,8 @@ def test_maniskill_fair_eval_success_once_and_at_end(tmp_path):
     for t, e in by_trial.items():
         assert e.steps == 50  # fair evaluation: terminations ignored, full horizon
         assert e.success == (t in (0, 2)) and e.success_at_end == (t in (0, 2))
+        # the cube is put on the goal before the third step: success first holds after it
+        assert e.success_step == (3 if t in (0, 2) else None)
     s = res.to_dict()["summary"]["overall"]
     assert s["rate"] == 0.5 and s["success_at_end_rate"] == 0.5
     assert res.header["protocol"]["name"] == "maniskill_fair_v1"

@@ -312,14 +312,16 @@ def test_finetune_refuses_other_episode_settings_than_the_sft_evaluation(tmp_pat
 
 
 def _results(path, env_id, successes, suite=None):
-    """A results file of ``successes`` ({task: [success of trial 0, 1, ...]}) as an evaluation
-    writes it, and what :func:`~rlinf_embodied.sft.gate.evaluate_checkpoint` returns for it."""
+    """A results file of ``successes`` ({task: [success of trial 0, 1, ...]}; an int is a
+    success first reached at that step) as an evaluation writes it, and what
+    :func:`~rlinf_embodied.sft.gate.evaluate_checkpoint` returns for it."""
     from rlinf_embodied.eval.results import Episode, ResultsFile
 
     header = {"env": "maniskill", "suite": suite, "env_id": env_id, "batch_invariant": True,
               "protocol": {"id": "maniskill_fair_v1", "fingerprint": "f"}, "env_config": {}}
-    eps = [Episode(task=t, trial=i, success=ok, steps=10) for t, oks in successes.items()
-           for i, ok in enumerate(oks)]
+    eps = [Episode(task=t, trial=i, success=ok is not False, steps=10,
+                   success_step=None if isinstance(ok, bool) else ok)
+           for t, oks in successes.items() for i, ok in enumerate(oks)]
     res = ResultsFile(path, header, eps)
     res.save()
     o = res.summary()["overall"]
@@ -327,6 +329,20 @@ def _results(path, env_id, successes, suite=None):
             "episodes": o["episodes"], "results": str(path), "success_at_end_rate": None,
             "per_task": {k: {"rate": v["rate"], "ci95": v["ci95"], "episodes": v["episodes"]}
                          for k, v in res.summary()["per_task"].items()}}
+
+
+def _lang3_env(**kw):
+    """A maniskill_lang3 EnvConfig (RGB, the VLA controller) with ``kw``."""
+    from rlinf_embodied.config import config_class
+
+    return config_class("env", "maniskill")(suite="maniskill_lang3", obs_mode="rgb",
+                                            control_mode="pd_ee_delta_pose", **kw)
+
+
+def _sft_dir(tmp_path):
+    """An SFT stage directory with an (empty) policy directory."""
+    (tmp_path / "sft" / "policy").mkdir(parents=True)
+    return tmp_path / "sft"
 
 
 def test_gate_of_an_rl_env_on_fewer_tasks_compares_the_recorded_trials_of_those(tmp_path, monkeypatch):
@@ -339,12 +355,7 @@ def test_gate_of_an_rl_env_on_fewer_tasks_compares_the_recorded_trials_of_those(
     from rlinf_embodied.config import config_class
     from rlinf_embodied.sft.gate import SFTCheckpointError, check_gate, write_record
 
-    def env(**kw):
-        return config_class("env", "maniskill")(suite="maniskill_lang3", obs_mode="rgb",
-                                                control_mode="pd_ee_delta_pose", **kw)
-
-    sft = tmp_path / "sft"
-    (sft / "policy").mkdir(parents=True)
+    env, sft = _lang3_env, _sft_dir(tmp_path)
     ev = _results(sft / "eval.json", None, {0: [True, True], 1: [True, False], 2: [False, False]},
                   suite="maniskill_lang3")
     write_record(sft, ev, env(), types.SimpleNamespace(protocol="maniskill_lang3_v1", episodes=2,
@@ -375,6 +386,42 @@ def test_gate_of_an_rl_env_on_fewer_tasks_compares_the_recorded_trials_of_those(
     with pytest.raises(SFTCheckpointError, match=r"has no trials of the RL env's tasks "
                                                  r"\(PushCube-v1; recorded: 0, 1, 2\)"):
         check_gate(sft / "policy", single, tmp_path / "none", sampled=False)
+
+
+def test_gate_of_shorter_rl_episodes_scores_the_recorded_trials_within_them(tmp_path, monkeypatch):
+    # SFT evaluated at the protocol's 80 steps, RL in 48-step episodes (the OFT suite recipe's
+    # rl.overrides): a recorded trial that first succeeded at step 60 is a failure within 48
+    # steps, so both sides of the gate score the same steps of the same trials
+    import types
+
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.sft.gate import check_gate, write_record
+
+    env, sft = _lang3_env, _sft_dir(tmp_path)
+    ev = _results(sft / "eval.json", None, {0: [20, 60], 1: [48, False]}, suite="maniskill_lang3")
+    eval_cfg = types.SimpleNamespace(protocol="maniskill_lang3_v1", episodes=2, gate_episodes=2,
+                                     gate_tolerance=0.3)
+    write_record(sft, ev, env(max_episode_steps=80, task_ids=[0, 1]), eval_cfg)
+    monkeypatch.setattr(gate, "evaluate_checkpoint", lambda c, e, output, t, **kw: _results(
+        output, None, {0: [20, False], 1: [48, False]}, suite="maniskill_lang3"))
+    lines = []
+    res = check_gate(sft / "policy", env(max_episode_steps=48, task_ids=[0, 1]), tmp_path / "rl",
+                     sampled=False, log=lines.append)
+    assert res["recorded"] == res["measured"] == 0.5 and res["differing_trials"] == []
+    assert res["recorded_within_horizon"] is True
+    assert (res["horizon"], res["recorded_horizon"]) == (48, 80)
+    assert "recorded 0.50 within its first 48 steps (of 80)" in lines[0], lines
+    # the same horizon: recorded as it is
+    res = check_gate(sft / "policy", env(max_episode_steps=80, task_ids=[0, 1]), tmp_path / "same",
+                     sampled=False, log=lines.append)
+    assert res["recorded"] == 0.75 and res["recorded_within_horizon"] is False
+    assert res["differing_trials"] == ["0:1"]
+    # results written before success_step was recorded: full-horizon success, as before
+    ev = _results(sft / "eval.json", None, {0: [True, True], 1: [True, False]}, suite="maniskill_lang3")
+    write_record(sft, ev, env(max_episode_steps=80, task_ids=[0, 1]), eval_cfg)
+    res = check_gate(sft / "policy", env(max_episode_steps=48, task_ids=[0, 1]), tmp_path / "old",
+                     sampled=False, log=lines.append)
+    assert res["recorded"] == 0.75 and res["recorded_within_horizon"] is False
 
 
 def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp_path, monkeypatch):

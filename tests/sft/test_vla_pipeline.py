@@ -123,6 +123,8 @@ def test_evaluation_reports_tasks_and_the_executed_chunk(pipeline):
     for e in res.episodes:
         assert e.action_chunk == K and e.open_loop_steps == K
         assert e.queries == -(-e.steps // K)
+        # success_step: the steps at the end of the chunk in which success first held
+        assert (e.success_step is None) if not e.success else (K <= e.success_step <= e.steps)
         assert e.instruction in ("push the cube to the goal region", "pull the cube to the goal region")
 
 
