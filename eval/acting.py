@@ -55,6 +55,9 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
     ``seed``, advancing over calls. With ``batch_invariant=False`` the function takes
     ``act(obs)``: one forward of the whole batch, sampled from that stream.
 
+    A policy whose greedy mode draws noise (``policy.greedy_draws``: π0 with
+    ``policy.greedy_noise: fresh``) has its greedy queries seeded exactly as sampled ones.
+
     Raises:
         ValueError: ``mode`` is not one of :data:`POLICY_MODES`.
     """
@@ -64,6 +67,7 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
         raise ValueError(f"policy_mode must be one of {', '.join(POLICY_MODES)} (got {mode!r}).")
     if hasattr(policy, "eval"):
         policy.eval()
+    draws = mode != "greedy" or bool(getattr(policy, "greedy_draws", False))
     device = torch.device(getattr(policy, "device", "cpu"))
     cuda = [device.index or 0] if device.type == "cuda" else []
     state: Dict[str, Any] = {}
@@ -86,10 +90,10 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
     if not batch_invariant:
         def batched(obs: Mapping[str, Any]) -> Any:
             with torch.no_grad():
-                if mode == "greedy":
+                if not draws:
                     out = policy.act(obs, mode="greedy")
                 else:
-                    out = stream(lambda: policy.act(obs, mode="sample"))
+                    out = stream(lambda: policy.act(obs, mode=mode))
             return as_chunk(getattr(out, "actions", out))
 
         return batched
@@ -99,21 +103,21 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
     def rows(obs: Mapping[str, Any], episodes: Optional[List[Optional[tuple]]] = None) -> Any:
         with torch.no_grad():
             if episodes is None:
-                if mode == "greedy":
+                if not draws:
                     out = act_rows(policy, obs, "greedy")
                 else:
-                    out = stream(lambda: act_rows(policy, obs, "sample"))
+                    out = stream(lambda: act_rows(policy, obs, mode))
                 return as_chunk(getattr(out, "actions", out))
             active = [i for i, key in enumerate(episodes) if key is not None]
             if not active:  # every slot idle: the loop ignores the actions
                 active = [0]
             part = obs_rows(obs, active)
-            if mode == "greedy":
+            if not draws:
                 out = act_rows(policy, part, "greedy")
             else:
                 seeds = [episode_seed(seed, *episodes[i]) for i in active]
                 with torch.random.fork_rng(devices=cuda, device_type="cuda"):
-                    out = act_rows(policy, part, "sample", seeds)
+                    out = act_rows(policy, part, mode, seeds)
             actions = as_chunk(getattr(out, "actions", out))
             if len(active) == len(episodes):
                 return actions

@@ -317,6 +317,13 @@ class Policy(nn.Module, abc.ABC):
         return self.config.action_chunk
 
     @property
+    def greedy_draws(self) -> bool:
+        """Whether ``act(mode="greedy")`` draws from torch's generator (π0 with
+        ``policy.greedy_noise: fresh``); evaluations then seed greedy queries per trial and
+        query as they seed sampled ones. False: greedy actions are a function of the input."""
+        return False
+
+    @property
     def granularity(self) -> str:
         """``token``, ``action`` or ``chunk`` (``policy.logprob_granularity``)."""
         return self.config.logprob_granularity

@@ -19,6 +19,7 @@ from rlinf_embodied.config import ConfigError, PolicyConfig
 __all__ = ["FlowVLAPolicyConfig", "Pi05PolicyConfig", "Pi0PolicyConfig"]
 
 NOISE_METHODS = ("flow_sde", "flow_noise")
+GREEDY_NOISE = ("fixed", "fresh")
 PRESETS = ("tiny", "small", "full")
 
 
@@ -68,9 +69,17 @@ class FlowVLAPolicyConfig(PolicyConfig):
     """Flow-Noise: lower bound of the noise head's std, normalised action units (πRL: 0.08)."""
     noise_std_max: float = 0.16
     """Flow-Noise: upper bound of the noise head's std (πRL: 0.16)."""
+    greedy_noise: str = "fixed"
+    """Where greedy mode's ODE starts: ``fixed`` (the noise of ``greedy_noise_seed``, the same
+    for every query: a deterministic policy) or ``fresh`` (a new N(0, I) draw per query, as
+    openpi's and LeRobot's inference sample; evaluations seed it per trial and query, as they
+    seed sampled actions, so results stay reproducible and paired across checkpoints). The
+    fixed noise is one arbitrary sample used for every query; measured on maniskill_lang3
+    (docs/pi0.md) it can act very differently from the policy's samples."""
     greedy_noise_seed: Optional[int] = 0
-    """Greedy mode starts the ODE from noise drawn with this fixed seed (the same for every
-    query, so the policy is deterministic); None starts from zeros (the prior's mode)."""
+    """``greedy_noise: fixed``: greedy mode starts the ODE from noise drawn with this fixed seed
+    (the same for every query, so the policy is deterministic); None starts from zeros (the
+    prior's mode)."""
     max_token_len: int = 48
     """Prompt tokens (BOS included), right-padded; longer prompts are an error (openpi /
     LeRobot: 48 for π0, 200 for π0.5 whose prompt carries the state)."""
@@ -103,6 +112,9 @@ class FlowVLAPolicyConfig(PolicyConfig):
             raise ConfigError(
                 f"policy.noise_method must be one of {', '.join(NOISE_METHODS)} (got {self.noise_method!r})."
             )
+        if self.greedy_noise not in GREEDY_NOISE:
+            raise ConfigError(f"policy.greedy_noise must be one of {', '.join(GREEDY_NOISE)} "
+                              f"(got {self.greedy_noise!r}).")
         if self.noise_level <= 0:
             raise ConfigError(f"policy.noise_level must be > 0 (got {self.noise_level}).")
         if not 0 < self.noise_std_min <= self.noise_std_max:

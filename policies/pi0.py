@@ -16,7 +16,8 @@ un-normalised into env units and run open loop.
 Log-probs (N, K, A) are those of the chosen transition (Flow-SDE) or the mean over the
 transitions (Flow-Noise) of the executed actions' coordinates; ``evaluate`` recomputes them from
 the stored chain with the same operations. Greedy mode integrates the ODE (no noise) from a
-fixed seeded noise (``policy.greedy_noise_seed``) and reports zero log-probs.
+fixed seeded noise (``policy.greedy_noise_seed``) or, with ``policy.greedy_noise: fresh``, from a
+new draw per query (openpi's / LeRobot's inference), and reports zero log-probs.
 """
 
 from __future__ import annotations
@@ -200,9 +201,15 @@ class FlowVLAPolicy(Policy):
         """(N, H, D) -> (N, K, A): the executed actions' coordinates."""
         return per_element[:, : self.action_chunk, : self.spec.action_dim]
 
+    @property
+    def greedy_draws(self) -> bool:
+        """Whether greedy mode draws from torch's generator (``policy.greedy_noise: fresh``);
+        evaluations then seed greedy queries as they seed sampled ones."""
+        return self.config.greedy_noise == "fresh"
+
     def _initial_noise(self, n: int, greedy: bool) -> torch.Tensor:
         shape = (self.horizon, self.arch.action_dim)
-        if not greedy:
+        if not greedy or self.greedy_draws:
             return torch.randn((n, *shape), device=self.device)
         if self._greedy_noise is None or self._greedy_noise.device != self.device:
             seed = self.config.greedy_noise_seed
@@ -219,7 +226,8 @@ class FlowVLAPolicy(Policy):
         Args:
             obs: ``main_images``, ``states``, ``task_descriptions`` (and ``wrist_images``).
             mode: ``sample`` (Flow-SDE / Flow-Noise, torch's global generator) or ``greedy``
-                (the ODE from the fixed noise; log-probs are zeros).
+                (the ODE from the fixed noise, or from a draw of torch's generator with
+                ``policy.greedy_noise: fresh``; log-probs are zeros).
 
         Returns:
             :class:`ActionOutput` with actions (N, K, A) float32 in env units.

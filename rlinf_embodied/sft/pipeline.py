@@ -42,7 +42,7 @@ __all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "resu
 _VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wrist_image",
                   "proprio_dim", "attention", "temperature", "image_preprocessing", "center_crop",
                   "gripper_to_signed", "gripper_binarize", "gripper_invert", "max_prompt_tokens",
-                  "logprob_granularity", "action_horizon", "num_steps", "greedy_noise_seed",
+                  "logprob_granularity", "action_horizon", "num_steps", "greedy_noise", "greedy_noise_seed",
                   "max_token_len")
 
 

@@ -95,6 +95,37 @@ def test_greedy_is_deterministic_and_sampling_varies(kind):
     assert torch.equal(p.act(obs, "sample").actions, s1)  # the seeded global generator
 
 
+def test_fresh_greedy_noise_is_the_ode_from_a_seeded_draw_per_query():
+    # policy.greedy_noise=fresh: openpi's inference, the ODE from a new N(0, I) draw per query;
+    # evaluations seed it per (task, trial, query) as they seed sampled actions
+    from rlinf_embodied.eval.acting import episode_seed, policy_act
+    from rlinf_embodied.policies.base import obs_rows
+
+    p = make("pi0", greedy_noise="fresh")
+    fixed = make("pi0")
+    obs = make_obs()
+    assert p.greedy_draws and not fixed.greedy_draws
+    torch.manual_seed(11)
+    a = p.act(obs, "greedy")
+    torch.manual_seed(11)
+    noise = torch.randn(N, 6, 7)
+    assert torch.equal(a.forward_inputs["chains"][:, 0], noise) and (a.logprobs == 0).all()
+    # the ODE from that draw: the fixed-noise policy (same weights) from the same start agrees
+    fixed._greedy_noise = noise
+    torch.testing.assert_close(fixed.act(obs, "greedy").actions, a.actions, rtol=0, atol=1e-6)
+    assert not torch.equal(p.act(obs, "greedy").actions, a.actions)  # a new draw per query
+    # in an evaluation: reproducible, the same per env alone or in a batch, seeded per query
+    episodes = [("task", trial, 3) for trial in range(N)]
+    batch = policy_act(p, "greedy", seed=7)(obs, episodes)
+    assert torch.equal(policy_act(p, "greedy", seed=7)(obs, episodes), batch)
+    torch.manual_seed(episode_seed(7, "task", 2, 3))
+    assert torch.equal(batch[2:3], p.act(obs_rows(obs, [2]), "greedy").actions)
+    later = policy_act(p, "greedy", seed=7)(obs, [("task", t, 4) for t in range(N)])
+    assert not torch.equal(later, batch)
+    with pytest.raises(ConfigError, match="greedy_noise must be one of fixed, fresh"):
+        Pi0PolicyConfig(greedy_noise="zero")
+
+
 @pytest.mark.parametrize("kind,method", KINDS)
 def test_one_update_raises_logprob_of_positive_advantage_chunks(kind, method):
     p = make(kind, method)
