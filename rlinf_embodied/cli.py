@@ -96,6 +96,10 @@ def _one_line_config_warnings() -> None:
 def config_show(
     config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
+    rl_stage: bool = typer.Option(
+        False, "--rl-stage", help="For an SFT pipeline YAML: print the job its RL stage runs "
+        "(rl.config with the pipeline's env, the SFT checkpoint and rl.overrides applied), "
+        "not the pipeline's own sections."),
 ) -> None:
     """Print the resolved configuration (YAML) after overrides and the validation `train` runs."""
     from rlinf_embodied.config import ConfigError, JobConfig, check_repeated_overrides, to_yaml
@@ -109,7 +113,12 @@ def config_show(
             from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
 
             cfg = load_sft_config(config, overrides or [])
-            validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
+            job = validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
+            if rl_stage:
+                cfg = job
+        elif rl_stage:
+            _fail(f"--rl-stage: {config} is not an SFT pipeline YAML (no demos / bc section); "
+                  "drop --rl-stage to print it.")
         else:
             cfg = load_job_config(config, overrides or [])
         if isinstance(cfg, JobConfig):

@@ -40,6 +40,25 @@ def test_config_show_errors_are_clear(tmp_path):
     assert r.exit_code == 2 and "not a registered ManiSkill3 env" in r.output and "'PushCube-v1'" in r.output
 
 
+def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
+    import yaml
+
+    args = ["config", "show", "configs/sft/maniskill_lang3_sft_rl_oft.yaml", f"run.dir={tmp_path}"]
+    r = runner.invoke(app, args + ["--rl-stage"])
+    assert r.exit_code == 0, r.output
+    job = yaml.safe_load(r.stdout)
+    # rl.overrides applied to rl.config, the pipeline's env, the SFT checkpoint, rl.task_ids
+    assert job["env"]["max_episode_steps"] == 48 and job["trainer"]["rollout_steps"] == 12
+    assert job["env"]["suite"] == "maniskill_lang3" and job["env"]["task_ids"] == [0, 1]
+    assert job["policy"]["pretrained"] == str((tmp_path / "sft" / "vla").resolve())
+    assert job["run"]["dir"] == str(tmp_path / "rl") and "bc" not in job
+    # the pipeline's own sections without the flag: rl.overrides as written
+    pipeline = yaml.safe_load(runner.invoke(app, args).stdout)
+    assert pipeline["env"]["max_episode_steps"] == 80 and "bc" in pipeline
+    r = runner.invoke(app, ["config", "show", "configs/maniskill_pushcube_ppo_mlp.yaml", "--rl-stage"])
+    assert r.exit_code == 2 and "is not an SFT pipeline YAML" in r.output and "drop --rl-stage" in r.output
+
+
 def test_every_shipped_config_passes_config_show():
     from rlinf_embodied.config import shipped_config  # noqa: F401 - configs/ is package data
 
