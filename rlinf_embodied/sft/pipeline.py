@@ -495,8 +495,9 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
     configured ``trainer.iterations`` (none when it has done them), without a new gate when
     ``rl/gate.json`` exists; the final evaluation is then that of an uninterrupted run
     (``rl_state.json``'s ``wall_s`` counts this command's training, ``resumed_from`` the
-    iteration it continued from, and ``wall_s_total`` adds the training before when that part
-    finished and recorded its time: a run extended by raising ``trainer.iterations``).
+    iteration it continued from, and ``wall_s_total`` adds the training before: a part stopped
+    by Ctrl-C records its time with ``"interrupted": true``, a finished one as it ends, e.g. a
+    run extended by raising ``trainer.iterations``).
 
     Raises:
         rlinf_embodied.config.ConfigError: ``resume`` and nothing to continue
@@ -527,23 +528,27 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         atomic_write_json(rl_dir / "gate.json", gate)
     t0 = time.perf_counter()
     done = json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None else None
-    old = rl_dir / "rl_state.json"  # of the command that finished training, if one got there
+    old = rl_dir / "rl_state.json"  # of the command that trained last (finished or Ctrl-C'd)
     old = json.loads(old.read_text()) if done is not None and old.is_file() else {}
-    finished = done is not None and old.get("iteration") == done["iteration"]
+    # that command's time counts when it ended at the checkpoint this one continues from
+    recorded = done is not None and old.get("iteration") == done["iteration"]
     if done is not None and done["iteration"] >= job.trainer.iterations:  # only the evaluation
         log(f"rl: {ckpt.name} has done trainer.iterations={job.trainer.iterations}")
-        state = old if finished else {**done, "wall_s": None}
+        state = ({k: v for k, v in old.items() if k != "interrupted"} if recorded
+                 else {**done, "wall_s": None})
     else:
         runner = EmbodiedRunner(job, rl_dir, resume=ckpt is not None, checkpoint=ckpt)
         state = runner.run()
-        if runner.interrupted:  # Ctrl-C: the runner saved a checkpoint; no evaluation, no summary
-            raise KeyboardInterrupt
         state["wall_s"] = time.perf_counter() - t0
         if done is not None:
             state["resumed_from"] = done["iteration"]
             before = old.get("wall_s_total", old.get("wall_s"))
-            if finished and before is not None:  # not after a Ctrl-C: that part left no time
+            if recorded and before is not None:
                 state["wall_s_total"] = before + state["wall_s"]
+        if runner.interrupted:  # Ctrl-C: the runner saved a checkpoint; no evaluation, no summary
+            # its time is recorded for `--resume` (wall_s_total of the whole RL stage)
+            atomic_write_json(rl_dir / "rl_state.json", {**state, "interrupted": True})
+            raise KeyboardInterrupt
     atomic_write_json(rl_dir / "rl_state.json", state)
     best = rl_dir / "checkpoints" / "best"
     ckpt = best if cfg.eval.rl_checkpoint == "best" and best.is_dir() else rl_dir  # rl_dir: latest

@@ -474,6 +474,8 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     command = f"rlinf-embodied finetune {CONFIG} run.dir={run} eval.episodes=2 eval.gate_episodes=2 --resume"
     assert f"`{command}` continues the RL run" in " ".join(r.output.split())
     assert not (run / "rl" / "final_eval.json").exists() and not (run / "summary.json").exists()
+    part = json.loads((run / "rl" / "rl_state.json").read_text())  # its time, for --resume
+    assert part["interrupted"] is True and part["iteration"] == 1 and part["wall_s"] > 0
     # nothing to resume elsewhere; a policy that is not the run's cannot go on from its weights
     r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={tmp_path / 'other'}", "--resume"])
     assert r.exit_code == 2 and "holds no RL run to continue" in r.output, r.output
@@ -492,6 +494,8 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     assert made[1] == (True, "iter_000001") and gates == [1]  # gate.json of the first part
     state = json.loads((run / "rl" / "rl_state.json").read_text())
     assert state["iteration"] == iterations and state["resumed_from"] == 1
+    assert "interrupted" not in state
+    assert state["wall_s_total"] == pytest.approx(part["wall_s"] + state["wall_s"])
     assert state["env_steps"] == 32 * iterations
     assert "on the SFT evaluation's 2 held-out trials" in r.output
     summary = json.loads((run / "summary.json").read_text())
@@ -503,13 +507,12 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     assert r.exit_code == 0 and len(made) == 2, r.output
     assert f"iter_{iterations:06d} has done trainer.iterations={iterations}" in r.output
     assert json.loads((run / "rl" / "rl_state.json").read_text()) == state
-    assert "wall_s_total" not in state  # the Ctrl-C'd first part recorded no time
-    # extended by two iterations: the stage's time adds the finished part's
+    # extended by two iterations: the stage's time adds both earlier parts' (Ctrl-C'd, finished)
     r = CliRunner().invoke(app, [*args, f"rl.overrides=[trainer.iterations={iterations + 2}]",
                                  "--resume"])
     assert r.exit_code == 0 and made[2] == (True, f"iter_{iterations:06d}"), r.output
     more = json.loads((run / "rl" / "rl_state.json").read_text())
     assert more["iteration"] == iterations + 2 and more["resumed_from"] == iterations
-    assert more["wall_s_total"] == pytest.approx(state["wall_s"] + more["wall_s"])
+    assert more["wall_s_total"] == pytest.approx(state["wall_s_total"] + more["wall_s"])
     stages = json.loads((run / "summary.json").read_text())["stages"]
     assert stages["rl"]["wall_s"] == more["wall_s_total"] and stages["rl"]["iterations"] == iterations + 2
