@@ -58,7 +58,8 @@ QUICK_IMAGE = {"openvla": "policy.tiny.image_size=32", "openvla_oft": "policy.ti
                "pi0": "policy.preset=tiny", "pi05": "policy.preset=tiny"}
 QUICK = ["demos.num_trajectories=1", "env.task_ids=[0,1]", "env.sensor_size=32", "bc.steps=30", "bc.batch_size=16", "eval.episodes=2",
          "eval.gate_episodes=1", "env.max_episode_steps=24",
-         "rl.overrides=[trainer.iterations=2,trainer.eval_every=0,trainer.save_every=2,"
+         "rl.overrides=[env.max_episode_steps=24,trainer.rollout_steps=6,"
+         "trainer.iterations=2,trainer.eval_every=0,trainer.save_every=2,"
          "env.num_envs=4,algorithm.group_size=2,algorithm.filter_low=null,algorithm.filter_high=null]"]
 
 

@@ -40,7 +40,8 @@ def policy_act(policy: Any, mode: str = "greedy", seed: int = 0,
     Args:
         policy: an object with ``act(obs, mode)`` (a :class:`~rlinf_embodied.policies.base.Policy`).
         mode: ``greedy`` (the distribution's mode) or ``sample`` (draws from it).
-        seed: ``sample`` only: the protocol's ``global_seed``. Every sampling call runs inside
+        seed: the protocol's ``global_seed``, for ``sample`` (and ``greedy`` with a policy
+            whose greedy mode draws noise, see below). Every sampling call runs inside
             :func:`torch.random.fork_rng` (CPU, plus the CUDA device the policy is on), so the
             draws do not depend on other users of torch's global generator.
         batch_invariant: run the policy row by row (batch of 1), so that an env's actions are

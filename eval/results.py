@@ -107,11 +107,13 @@ class Episode:
         open_loop_steps: actions of each chunk executed before the next query (K: the whole
             chunk, open loop; the last chunk stops at the episode's end).
         head: how the policy decoded actions (``l1_regression``, ``parallel_tokens``, ...).
-        success_step: env steps elapsed at the end of the query (the step, or the chunk of K
-            run open loop) in which success first held; None for an episode without success
-            and in results written before it was recorded. With chunks of K, success came
-            within the first H steps exactly when ``success_step <= H`` for H a multiple of K
-            (the step-0 gate scores the SFT evaluation at a shorter RL horizon this way).
+        success_step: env steps elapsed when success was first seen, after the query (the
+            step, or the chunk of K run open loop) in which it first held: the exact step where
+            an episode ends at its first success (a chunk stops at the first done), else the
+            end of that chunk; None for an episode without success and in results written
+            before it was recorded. Success came within the first H steps exactly when
+            ``success_step <= H``, for H a multiple of K in the second case (the step-0 gate
+            scores the SFT evaluation at a shorter RL horizon, rollout_steps x K, this way).
     """
 
     task: TaskKey

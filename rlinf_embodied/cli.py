@@ -98,8 +98,8 @@ def config_show(
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     rl_stage: bool = typer.Option(
         False, "--rl-stage", help="For an SFT pipeline YAML: print the job its RL stage runs "
-        "(rl.config with the pipeline's env, the SFT checkpoint and rl.overrides applied), "
-        "not the pipeline's own sections."),
+        "(rl.config with the pipeline's env, rl.task_ids, the SFT checkpoint and rl.overrides "
+        "applied), not the pipeline's own sections."),
 ) -> None:
     """Print the resolved configuration (YAML) after overrides and the validation `train` runs."""
     from rlinf_embodied.config import ConfigError, JobConfig, check_repeated_overrides, to_yaml
@@ -116,11 +116,11 @@ def config_show(
             job = validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
             if rl_stage:
                 cfg = job
-        elif rl_stage:
-            _fail(f"--rl-stage: {config} is not an SFT pipeline YAML (no demos / bc section); "
-                  "drop --rl-stage to print it.")
         else:
-            cfg = load_job_config(config, overrides or [])
+            cfg = load_job_config(config, overrides or [])  # a missing file fails here
+            if rl_stage:
+                _fail(f"--rl-stage: {config} is not an SFT pipeline YAML (no demos / bc "
+                      "section); drop --rl-stage to print it.")
         if isinstance(cfg, JobConfig):
             validate_job(cfg)  # the same checks as `train`
     except ConfigError as e:

@@ -233,3 +233,20 @@ def test_summarizing_an_unfinished_pipeline_is_bad_input(monkeypatch, capsys, tm
         with pytest.raises(SystemExit) as e:
             bench.main()
         assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suite", ["maniskill_lang3", "maniskill_lang3_peg"])
+def test_quick_settings_give_every_family_a_valid_pipeline(monkeypatch, tmp_path, suite):
+    # --quick's overrides must pass the checks the pipeline runs before any stage (they broke
+    # once: the RL stage's rollout no longer covered --quick's 24-step episodes)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_vla_learning as bench
+    from rlinf_embodied.sft.pipeline import load_sft_config, validate_rl_stage
+
+    monkeypatch.chdir(ROOT)
+    for family in bench.suite_families(suite):
+        cfg = load_sft_config(bench.config_path(family, suite),
+                              [*bench.QUICK, bench.QUICK_IMAGE[family], f"run.dir={tmp_path}"])
+        job = validate_rl_stage(cfg)
+        assert job.env.max_episode_steps == cfg.env.max_episode_steps == 24, family
+        assert job.trainer.iterations == 2 and job.env.num_envs == 4, family

@@ -55,8 +55,18 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
     # the pipeline's own sections without the flag: rl.overrides as written
     pipeline = yaml.safe_load(runner.invoke(app, args).stdout)
     assert pipeline["env"]["max_episode_steps"] == 80 and "bc" in pipeline
+    # rl.overrides on the command line add to the file's: the recipe's 48-step episodes stay
+    job = yaml.safe_load(runner.invoke(app, args + ["rl.overrides=[trainer.iterations=5]",
+                                                    "--rl-stage"]).stdout)
+    assert job["trainer"]["iterations"] == 5 and job["env"]["max_episode_steps"] == 48
+    assert job["trainer"]["rollout_steps"] == 12
+    job = yaml.safe_load(runner.invoke(app, args + [  # a key of the file's list named again
+        'rl.overrides=["env.max_episode_steps=80","trainer.rollout_steps=20"]', "--rl-stage"]).stdout)
+    assert job["env"]["max_episode_steps"] == 80 and job["trainer"]["rollout_steps"] == 20
     r = runner.invoke(app, ["config", "show", "configs/maniskill_pushcube_ppo_mlp.yaml", "--rl-stage"])
     assert r.exit_code == 2 and "is not an SFT pipeline YAML" in r.output and "drop --rl-stage" in r.output
+    r = runner.invoke(app, ["config", "show", str(tmp_path / "missing.yaml"), "--rl-stage"])
+    assert r.exit_code == 2 and "not found" in r.output and "pipeline" not in r.output, r.output
 
 
 def test_every_shipped_config_passes_config_show():

@@ -122,7 +122,8 @@ class JobConfig:
         if t.rollout_steps * k == steps:
             return
         fix = (f"set trainer.rollout_steps={steps // k}" if steps % k == 0 else
-               f"set env.max_episode_steps to a multiple of {k} (e.g. {-(-steps // k) * k})")
+               f"set env.max_episode_steps to a multiple of {k} (e.g. {-(-steps // k) * k}, "
+               f"with trainer.rollout_steps={-(-steps // k)})")
         raise ConfigError(
             f"trainer.rollout_steps={t.rollout_steps} x policy.action_chunk={k} = "
             f"{t.rollout_steps * k} env steps per rollout, but env.max_episode_steps={steps} with "

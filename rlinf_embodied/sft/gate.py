@@ -190,9 +190,9 @@ def _task_keys(env_cfg: Any) -> list[str]:
 
 
 def _recorded_episodes(record: dict[str, Any], trials: int,
-                       horizon: int | None = None) -> tuple[dict[tuple, bool], bool]:
-    """(task, trial) -> success of the SFT stage's episodes with trial < ``trials``, and
-    whether they were rescored.
+                       horizon: int | None = None) -> tuple[dict[tuple, bool], bool, int | None]:
+    """(task, trial) -> success of the SFT stage's episodes with trial < ``trials``, whether
+    they were rescored, and the SFT evaluation's horizon (its results header's ``max_steps``).
 
     With ``horizon`` below the SFT evaluation's ``max_episode_steps`` (an RL run with shorter
     episodes), an episode counts as a success when it succeeded within the first ``horizon``
@@ -208,16 +208,19 @@ def _recorded_episodes(record: dict[str, Any], trials: int,
     path = Path(record["evaluation"]["results"])
     if not path.is_absolute() and not path.exists():
         path = Path(record["_dir"]) / path.name
-    episodes = [e for e in ResultsFile.load(path).episodes if e.trial < trials]
+    results = ResultsFile.load(path)
+    episodes = [e for e in results.episodes if e.trial < trials]
     if not episodes:
         raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
-    recorded_horizon = (record.get("env") or {}).get("max_episode_steps")
+    # the steps the SFT evaluation ran (its results header; the record's env for older files)
+    recorded_horizon = (results.header.get("max_steps")
+                        or (record.get("env") or {}).get("max_episode_steps"))
     rescore = (horizon is not None and recorded_horizon is not None
                and horizon < int(recorded_horizon)
                and all(e.success_step is not None for e in episodes if e.success))
     eps = {(str(e.task), e.trial): bool(e.success) and (not rescore or e.success_step <= horizon)
            for e in episodes}
-    return eps, rescore
+    return eps, rescore, recorded_horizon
 
 
 def check_family(record: dict[str, Any], policy_type: str | None, checkpoint: Any) -> None:
@@ -280,7 +283,7 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     k = int(episodes or record["gate_episodes"])
     tol = float(record["gate_tolerance"] if tolerance is None else tolerance)
     horizon = getattr(env_cfg, "max_episode_steps", None)
-    everything, rescored = _recorded_episodes(record, k, horizon)
+    everything, rescored, recorded_horizon = _recorded_episodes(record, k, horizon)
     # the re-evaluation runs the RL env's tasks (a suite's task_ids may select fewer than the
     # SFT evaluation ran): the recorded side is its trials of those tasks
     tasks = _task_keys(env_cfg)
@@ -310,7 +313,7 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
               "passed": ev["rate"] >= recorded - tol, "differing_trials": differing,
               "batch_invariant": bool(gate.header.get("batch_invariant")),
               "horizon": horizon,
-              "recorded_horizon": (record.get("env") or {}).get("max_episode_steps"),
+              "recorded_horizon": recorded_horizon,
               "recorded_within_horizon": rescored}
     if sampled and result["passed"]:
         # under the greedy re-evaluation's settings, those it took from the SFT record included

@@ -58,6 +58,10 @@ _UNREAD_ENV = ("num_envs", "num_processes", "seed", "ignore_terminations",
 def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConfig:
     """Parse an SFT pipeline YAML (strict, like every job file).
 
+    ``rl.overrides=[...]`` on the command line adds to the file's ``rl.overrides`` (after
+    them, so that a key the file sets is changed by naming it again), rather than replacing
+    the list: a recipe's RL settings there (the suite pipelines' 48-step episodes) stay.
+
     Raises:
         rlinf_embodied.config.ConfigError: invalid file or override; overrides that change an
             env field no stage reads (:data:`_UNREAD_ENV`: it would be silently ignored),
@@ -67,7 +71,14 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
 
     cfg = load_config(path, overrides or [], schema=SFTJobConfig)
     if overrides:
-        base = load_config(path, [], schema=SFTJobConfig).env
+        file_cfg = load_config(path, [], schema=SFTJobConfig)
+        if any(o.split("=", 1)[0].strip() == "rl.overrides" for o in overrides):
+            # the command line's rl.overrides add to the file's (a recipe's 48-step episodes
+            # stay); later items win, so a key of the file's list is changed by naming it again
+            merged = [o for o in file_cfg.rl.overrides if o not in cfg.rl.overrides]
+            cfg = dataclasses.replace(cfg, rl=dataclasses.replace(
+                cfg.rl, overrides=merged + list(cfg.rl.overrides)))
+        base = file_cfg.env
         changed = [k for k in _UNREAD_ENV
                    if getattr(cfg.env, k, None) != getattr(base, k, None)]
         if changed:

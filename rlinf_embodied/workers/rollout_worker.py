@@ -27,7 +27,8 @@ class RolloutWorker(Worker):
     :mod:`rlinf_embodied.workers.messages`). Each request carries a sampling seed, so the same
     observation gets the same action on any rank. Requests that arrive together are taken in
     one wake-up and answered back to back; with ``join_forwards`` those that draw no random
-    numbers (greedy evaluation, bootstrap values) share one forward. A request with
+    numbers (greedy evaluation of a policy whose greedy mode draws none, bootstrap values)
+    share one forward. A request with
     ``row_seeds`` (batch-invariant evaluation) is answered row by row
     (:func:`~rlinf_embodied.policies.base.act_rows`) and never joined.
 
@@ -125,7 +126,9 @@ class RolloutWorker(Worker):
                     else:
                         raise TypeError(f"{self.name} got {type(msg).__name__} on {self.channels.obs!r}; "
                                         f"expected PolicyRequest or EndOfStream.")
-                for group in _batches(requests) if self.join_forwards else [[r] for r in requests]:
+                groups = (_batches(requests, getattr(self.policy, "greedy_draws", False))
+                          if self.join_forwards else [[r] for r in requests])
+                for group in groups:
                     t1 = time.perf_counter()
                     answers = self._answer_batch(group)
                     t2 = time.perf_counter()
@@ -176,14 +179,17 @@ class RolloutWorker(Worker):
         return drop_echoes(PolicyReply(out.actions, out.logprobs, out.values, out.forward_inputs), obs)
 
 
-def _batches(requests: list[PolicyRequest]) -> list[list[PolicyRequest]]:
+def _batches(requests: list[PolicyRequest], greedy_draws: bool = False) -> list[list[PolicyRequest]]:
     """Requests answered by one forward each: consecutive requests that draw no random numbers
     (greedy or values-only, same kind, same observation keys) are joined; a sampling request is
     answered alone under its own seed, so its actions never depend on what arrived with it, and
-    so is a batch-invariant one (``row_seeds``), which runs row by row anyway."""
+    so is a batch-invariant one (``row_seeds``), which runs row by row anyway. With
+    ``greedy_draws`` (a policy whose greedy mode draws noise: π0 with ``policy.greedy_noise:
+    fresh``) greedy requests are answered alone too."""
     out: list[list[PolicyRequest]] = []
     for req in requests:
-        joinable = (req.values_only or req.mode == "greedy") and req.row_seeds is None
+        joinable = ((req.values_only or (req.mode == "greedy" and not greedy_draws))
+                    and req.row_seeds is None)
         prev = out[-1][-1] if out else None
         if (joinable and prev is not None and (prev.values_only, prev.mode) == (req.values_only, req.mode)
                 and prev.obs.keys() == req.obs.keys()):

@@ -169,9 +169,11 @@ def test_an_rl_rollout_that_is_not_one_whole_episode_is_refused(tmp_path):
     """GRPO compares whole episodes' returns: a rollout shorter or longer than the RL env's
     fixed-length episode is refused when the pipeline config loads, naming the setting."""
     path = "configs/sft/maniskill_lang3_sft_rl_oft.yaml"
-    cases = {'["env.max_episode_steps=48","trainer.rollout_steps=20"]': "set trainer.rollout_steps=12",
-             '["trainer.rollout_steps=12"]': "set trainer.rollout_steps=20",  # the 80-step episodes
-             '["env.max_episode_steps=50"]': r"set env.max_episode_steps to a multiple of 4 \(e.g. 52\)"}
+    # (rl.overrides on the command line add to the recipe's 48-step ones)
+    cases = {'["trainer.rollout_steps=20"]': "set trainer.rollout_steps=12",
+             '["env.max_episode_steps=80"]': "set trainer.rollout_steps=20",
+             '["env.max_episode_steps=50"]': r"set env.max_episode_steps to a multiple of 4 "
+                                             r"\(e.g. 52, with trainer.rollout_steps=13\)"}
     for overrides, fix in cases.items():
         with pytest.raises(ConfigError, match=r"^The RL stage .*GRPO compares the returns of whole "
                                               rf"episodes; {fix}\.$"):

@@ -30,6 +30,8 @@ def test_only_requests_without_sampling_are_joined():
             _request(2, 5, values_only=True), _request(2, 6, values_only=True), _request(2, 7, "greedy")]
     assert [[r.seed for r in b] for b in _batches(reqs)] == [[1], [2], [3, 4], [5, 6], [7]]
     assert _batches([]) == []
+    # a policy whose greedy mode draws noise (π0, policy.greedy_noise=fresh): greedy alone too
+    assert [[r.seed for r in b] for b in _batches(reqs, greedy_draws=True)] == [[1], [2], [3], [4], [5, 6], [7]]
     assert PolicyRequest(obs={}, seed=0, reply="x").num_envs == 0 and reqs[2].num_envs == 3
     assert EndOfStream("env[0]") == EndOfStream("env[0]")  # compared by value
 
