@@ -213,8 +213,9 @@ def _recorded_episodes(record: dict[str, Any], trials: int,
     if not episodes:
         raise GateError(f"The SFT results file {path} has no episodes with trial < {trials}.")
     # the steps the SFT evaluation ran (its results header; the record's env for older files)
-    recorded_horizon = (results.header.get("max_steps")
-                        or (record.get("env") or {}).get("max_episode_steps"))
+    recorded_horizon = results.header.get("max_steps")
+    if not isinstance(recorded_horizon, int):
+        recorded_horizon = (record.get("env") or {}).get("max_episode_steps")
     rescore = (horizon is not None and recorded_horizon is not None
                and horizon < int(recorded_horizon)
                and all(e.success_step is not None for e in episodes if e.success))
