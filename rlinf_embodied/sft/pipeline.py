@@ -72,9 +72,9 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
     cfg = load_config(path, overrides or [], schema=SFTJobConfig)
     if overrides:
         file_cfg = load_config(path, [], schema=SFTJobConfig)
-        if any(o.split("=", 1)[0].strip() == "rl.overrides" for o in overrides):
-            # the command line's rl.overrides add to the file's (a recipe's 48-step episodes
-            # stay); later items win, so a key of the file's list is changed by naming it again
+        if cfg.rl.overrides != file_cfg.rl.overrides:  # set on the command line, however written
+            # they add to the file's (a recipe's 48-step episodes stay); later items win, so a
+            # key of the file's list is changed by naming it again
             merged = [o for o in file_cfg.rl.overrides if o not in cfg.rl.overrides]
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(
                 cfg.rl, overrides=merged + list(cfg.rl.overrides)))
