@@ -116,6 +116,10 @@ def config_show(
             job = validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
             if rl_stage:
                 cfg = job
+                pre = getattr(job.policy, "pretrained", None)
+                if pre and not Path(pre).exists():
+                    typer.echo(f"note: policy.pretrained ({pre}) is what the SFT stage writes; "
+                               "it does not exist yet (run `rlinf-embodied sft` first).", err=True)
         else:
             cfg = load_job_config(config, overrides or [])  # a missing file fails here
             if rl_stage:

@@ -52,6 +52,7 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
     assert job["env"]["suite"] == "maniskill_lang3" and job["env"]["task_ids"] == [0, 1]
     assert job["policy"]["pretrained"] == str((tmp_path / "sft" / "vla").resolve())
     assert job["run"]["dir"] == str(tmp_path / "rl") and "bc" not in job
+    assert "it does not exist yet (run `rlinf-embodied sft` first)" in r.stderr
     # the pipeline's own sections without the flag: rl.overrides as written
     pipeline = yaml.safe_load(runner.invoke(app, args).stdout)
     assert pipeline["env"]["max_episode_steps"] == 80 and "bc" in pipeline

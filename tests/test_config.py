@@ -187,6 +187,30 @@ def test_out_of_range_values_are_refused(override, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included():
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    with pytest.raises(ConfigError) as e:
+        load_sft_config("configs/sft/maniskill_lang3_sft_rl_oftx.yaml")
+    msg = str(e.value)
+    assert "Did you mean configs/sft/maniskill_lang3_sft_rl_oft.yaml?" in msg and "\n" not in msg
+    assert "sft/maniskill_lang3_sft_rl_pi0" in msg and "maniskill_pushcube_ppo_mlp" in msg
+    assert "placement/" not in msg
+    with pytest.raises(ConfigError) as e:
+        load_config("maniskill_pushcube_ppo_mpl")
+    assert "Did you mean configs/maniskill_pushcube_ppo_mlp.yaml?" in str(e.value)
+
+
+def test_unquoted_overrides_inside_a_list_say_to_quote_them():
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml", ["run.tags=[env.task_ids=[2]]"])
+    msg = str(e.value)
+    assert "Overrides inside a list are strings: quote each one" in msg and "\n" not in msg
+    with pytest.raises(ConfigError) as e:  # a plain unclosed list gets no such hint
+        load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml", ["policy.hidden_sizes=[64, 64"])
+    assert "close brackets" in str(e.value) and "inside a list" not in str(e.value)
+
+
 def test_empty_yaml_is_not_a_job(tmp_path):
     p = write(tmp_path, "\n# only a comment\n")
     with pytest.raises(ConfigError, match="is empty"):

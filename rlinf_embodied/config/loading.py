@@ -70,17 +70,28 @@ def peek_top_level(path: str | os.PathLike) -> Optional[DictConfig]:
     return raw if isinstance(raw, DictConfig) else None
 
 
+def _missing_config_message(p: Path) -> str:
+    """One line for a job file that does not exist: the closest shipped config (job or SFT
+    pipeline, ``configs/sft/``) and every shipped name."""
+    import difflib
+
+    from rlinf_embodied.configs import ROOT
+
+    names = sorted(x.relative_to(ROOT).with_suffix("").as_posix() for x in ROOT.rglob("*.yaml")
+                   if x.parent.name != "placement")
+    asked = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
+    close = difflib.get_close_matches(asked.with_suffix("").as_posix(), names, n=1, cutoff=0.6)
+    hint = f" Did you mean configs/{close[0]}.yaml?" if close else ""
+    return (f"Config file not found: {p} (absolute: {p.resolve()}).{hint} Shipped configs "
+            f"(under configs/): {', '.join(names)}.")
+
+
 def _read_yaml(path: str | os.PathLike) -> DictConfig:
     p = Path(path)
     if not p.exists() and shipped_config(p) is not None:
         p = shipped_config(p)
     if not p.exists():
-        from rlinf_embodied.configs import ROOT
-
-        names = ", ".join(sorted(x.stem for x in ROOT.glob("*.yaml")))
-        raise ConfigError(
-            f"Config file not found: {p} (absolute: {p.resolve()}). Shipped configs: {names}."
-        )
+        raise ConfigError(_missing_config_message(p))
     if p.is_dir():
         raise ConfigError(f"Config path {p} is a directory; pass a YAML file.")
     try:

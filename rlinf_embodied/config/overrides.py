@@ -67,9 +67,13 @@ def parse_overrides(overrides: List[str]) -> DictConfig:
         try:
             OmegaConf.from_dotlist([o])
         except Exception as e:  # yaml.YAMLError (unclosed quote or bracket), OmegaConf errors
+            key, _, value = o.partition("=")
+            nested = value.lstrip().startswith("[") and "=" in value
+            hint = (f" Overrides inside a list are strings: quote each one "
+                    f"({key}='[\"env.task_ids=[2]\", \"trainer.lr=3e-4\"]')." if nested else "")
             raise ConfigError(
                 f"Cannot parse override {o!r}: {one_line(e)}. Values are YAML: quote strings "
-                f"with special characters (key='a: b') and close brackets (key=[1, 2])."
+                f"with special characters (key='a: b') and close brackets (key=[1, 2]).{hint}"
             ) from None
     try:
         return OmegaConf.from_dotlist(list(overrides))
