@@ -6,6 +6,7 @@ import a simulator or a large model.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -451,6 +452,40 @@ def envs_list() -> None:
     width = max((len(i) for i, _ in rows), default=0)
     for env_id, desc in rows:
         typer.echo(f"{env_id:<{width}}  {desc}")
+
+
+def _reflowed(doc: str) -> str:
+    """A command docstring with each paragraph on one line (list items and indented lines kept
+    on their own). typer's rich help keeps the line breaks of every paragraph after the first,
+    so a docstring wrapped at 100 columns and then re-wrapped at the terminal's width showed
+    short broken lines."""
+    out: list = []
+    for para in doc.split("\n\n"):
+        lines: list = []
+        for line in para.splitlines():
+            item = line.startswith(("- ", "* ", " ")) or re.match(r"\d+[.)] ", line) is not None
+            if lines and not item:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """Every command of ``group`` (and its sub-groups) with no explicit help gets its
+    docstring :func:`_reflowed`."""
+    import inspect
+
+    for info in group.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            info.help = _reflowed(inspect.getdoc(info.callback))
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
+_reflow_help(app)
 
 
 def run(argv: Optional[List[str]] = None) -> None:

@@ -537,3 +537,15 @@ def test_a_ray_start_timeout_says_to_retry():
                                  "because some of the raylet failed to startup"))
     assert "Ray could not start its local cluster in time" in hint and "run the same command again" in hint
     assert _start_hint(ValueError("env worker failed")) == ""
+
+
+def test_command_help_paragraphs_are_reflowed_for_the_terminal():
+    from rlinf_embodied.cli import _reflowed
+
+    assert _reflowed("One\nline.\n\nExits 0,\n130 after Ctrl-C.\n- a\n- b\n1. c\n    code") == (
+        "One line.\n\nExits 0, 130 after Ctrl-C.\n- a\n- b\n1. c\n    code")
+    helps = {i.callback.__name__: i.help for i in app.registered_commands}
+    assert "or with ``--resume`` and no RL run to continue;" in helps["finetune"]
+    r = runner.invoke(app, ["finetune", "--help"])  # 80 columns: no docstring line break left
+    assert r.exit_code == 0 and "after Ctrl-C." in r.output
+    assert "after Ctrl-C." not in [line.strip() for line in r.output.splitlines()], r.output

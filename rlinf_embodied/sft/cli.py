@@ -162,8 +162,9 @@ def finetune(config: str = _CONFIG, overrides: list[str] | None = _OVERRIDES,
                  "then write the final evaluation and summary.")) -> None:
     """Step-0 gate, RL fine-tuning from the SFT checkpoint, held-out evaluation, summary.
 
-    Exits 2 without an SFT checkpoint (or with one of another family), or with ``--resume``
-    and no RL run to continue; 3 when the gate refuses the SFT checkpoint; 130 after Ctrl-C.
+    Exits 2 without an SFT checkpoint (or with one of another family), or with
+    ``--resume`` and no RL run to continue; 3 when the gate refuses the SFT checkpoint; 130
+    after Ctrl-C.
     """
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.gate import GateError, SFTCheckpointError
