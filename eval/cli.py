@@ -125,7 +125,7 @@ def eval_command(
     num_envs: int = typer.Option(
         8, "--num-envs",
         help="Envs run concurrently. Per-episode results (actions, returns, success) do not "
-             "depend on it or on --num-processes with --batch-invariant (the default) on one "
+             "depend on it or on --num-processes without --no-batch-invariant on one "
              "device, where each env simulates on its own and resets fully (ManiSkill CPU "
              "physics, LIBERO with its default hard resets, gymnasium; not ManiSkill's GPU "
              "physics, which steps all envs together)."),
@@ -146,12 +146,12 @@ def eval_command(
     policy_type: Optional[str] = typer.Option(
         None, "--policy-type", help="Policy type the checkpoint must hold (mlp, cnn, openvla, openvla_oft, pi0, pi05)."),
     device: Optional[str] = typer.Option(None, "--device", help="Policy device (default cuda if available)."),
-    batch_invariant: bool = typer.Option(
-        True, "--batch-invariant/--no-batch-invariant",
-        help="Run the policy on each env's observation alone (a batch of 1), so its float "
-             "rounding, hence every episode, is the same for any --num-envs; "
-             "--no-batch-invariant runs one batched forward per query (faster for large "
-             "policies; episodes may then differ with --num-envs). Recorded in the results."),
+    no_batch_invariant: bool = typer.Option(
+        False, "--no-batch-invariant",
+        help="Run one batched forward per query (faster for large policies; episodes may then "
+             "differ with --num-envs). By default the policy sees each env's observation alone "
+             "(a batch of 1), so its float rounding, hence every episode, is the same for any "
+             "--num-envs. Recorded in the results."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write .md/.png/.html beside the results."),
     env_override: List[str] = typer.Option(
         [], "--env-override",
@@ -192,7 +192,7 @@ def eval_command(
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
             policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
-            batch_invariant=batch_invariant, run_trials=run_trials,
+            batch_invariant=not no_batch_invariant, run_trials=run_trials,
             env_overrides=overrides,
         )
         results = evaluate(req)
@@ -212,8 +212,8 @@ def eval_command(
 
 @eval_app.command("compare")
 def compare_command(
-    a: str = typer.Argument(..., help="Baseline results JSON."),
-    b: str = typer.Argument(..., help="Results JSON compared with the baseline."),
+    baseline: str = typer.Argument(..., help="Baseline results JSON."),
+    candidate: str = typer.Argument(..., help="Results JSON compared with the baseline."),
     force: bool = typer.Option(False, "--force", help="Compare even across protocols/suites."),
     json_output: Optional[str] = typer.Option(None, "--json", help="Also write the comparison as JSON here."),
 ) -> None:
@@ -222,7 +222,7 @@ def compare_command(
     from rlinf_embodied.eval.results import ResultsError
 
     try:
-        c = compare(a, b, force=force)
+        c = compare(baseline, candidate, force=force)
     except (CompareError, ResultsError) as e:
         _fail(str(e))
     typer.echo(format_comparison(c), nl=False)

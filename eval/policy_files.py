@@ -93,8 +93,11 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
         + ", ".join(str(c) for c in candidates)
         + (" (the run has no complete checkpoint yet)" if (path / "checkpoints").is_dir()
            and latest is None else "")
-        + ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
-        "directory (config.json), 'random' or module:function."
+        + (". It is a training run that stopped before its first save (config.yaml, no "
+           "checkpoints/), so there is nothing to evaluate: train it again (`rlinf-embodied "
+           "train CONFIG`) or pass another run." if (path / "config.yaml").is_file() and not is_run else
+           ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
+           "directory (config.json), 'random' or module:function.")
     )
 
 

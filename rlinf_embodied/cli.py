@@ -117,10 +117,12 @@ def config_show(
             job = validate_rl_stage(cfg)  # the RL stage `finetune` / `sft-rl` will run
             if rl_stage:
                 cfg = job
-                pre = getattr(job.policy, "pretrained", None)
-                if pre and not Path(pre).exists():
-                    typer.echo(f"note: policy.pretrained ({pre}) is what the SFT stage writes; "
-                               "it does not exist yet (run `rlinf-embodied sft` first).", err=True)
+                for key in ("pretrained", "checkpoint"):
+                    path = getattr(job.policy, key, None)
+                    if path and not Path(path).exists():
+                        typer.echo(f"note: policy.{key} ({path}) is what the SFT stage writes; "
+                                   "it does not exist yet (run `rlinf-embodied sft` first).",
+                                   err=True)
         else:
             cfg = load_job_config(config, overrides or [])  # a missing file fails here
             if rl_stage:
@@ -469,7 +471,7 @@ def _reflowed(doc: str) -> str:
             else:
                 lines.append(line)
         out.append("\n".join(lines))
-    return "\n\n".join(out)
+    return "\n\n".join(out).replace("``", "`")  # reST literals read as markdown code
 
 
 def _reflow_help(group: typer.Typer) -> None:

@@ -542,10 +542,24 @@ def test_a_ray_start_timeout_says_to_retry():
 def test_command_help_paragraphs_are_reflowed_for_the_terminal():
     from rlinf_embodied.cli import _reflowed
 
-    assert _reflowed("One\nline.\n\nExits 0,\n130 after Ctrl-C.\n- a\n- b\n1. c\n    code") == (
-        "One line.\n\nExits 0, 130 after Ctrl-C.\n- a\n- b\n1. c\n    code")
+    assert _reflowed("One\nline.\n\nExits 0,\n130 after ``Ctrl-C``.\n- a\n- b\n1. c\n    code") == (
+        "One line.\n\nExits 0, 130 after `Ctrl-C`.\n- a\n- b\n1. c\n    code")
     helps = {i.callback.__name__: i.help for i in app.registered_commands}
-    assert "or with ``--resume`` and no RL run to continue;" in helps["finetune"]
+    assert "or with `--resume` and no RL run to continue;" in helps["finetune"]
     r = runner.invoke(app, ["finetune", "--help"])  # 80 columns: no docstring line break left
     assert r.exit_code == 0 and "after Ctrl-C." in r.output
     assert "after Ctrl-C." not in [line.strip() for line in r.output.splitlines()], r.output
+
+
+def test_mlp_pipeline_rl_stage_notes_the_checkpoint_sft_writes(tmp_path):
+    r = runner.invoke(app, ["config", "show", "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml",
+                            f"run.dir={tmp_path}", "--rl-stage"])
+    assert r.exit_code == 0 and "note: policy.checkpoint" in r.stderr, r.output
+
+
+def test_eval_of_a_run_that_never_saved_says_so(tmp_path):
+    (tmp_path / "config.yaml").write_text("run: {name: x}\n")
+    r = runner.invoke(app, ["eval", "--policy", str(tmp_path), "--env", "gym",
+                            "--task", "toy/PointReach-v0", "-o", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "stopped before its first save" in r.output, r.output
+

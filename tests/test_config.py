@@ -193,12 +193,29 @@ def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included():
     with pytest.raises(ConfigError) as e:
         load_sft_config("configs/sft/maniskill_lang3_sft_rl_oftx.yaml")
     msg = str(e.value)
-    assert "Did you mean configs/sft/maniskill_lang3_sft_rl_oft.yaml?" in msg and "\n" not in msg
-    assert "sft/maniskill_lang3_sft_rl_pi0" in msg and "maniskill_pushcube_ppo_mlp" in msg
-    assert "placement/" not in msg
+    assert msg.endswith("Did you mean configs/sft/maniskill_lang3_sft_rl_oft.yaml?"), msg
     with pytest.raises(ConfigError) as e:
         load_config("maniskill_pushcube_ppo_mpl")
-    assert "Did you mean configs/maniskill_pushcube_ppo_mlp.yaml?" in str(e.value)
+    assert str(e.value).endswith("Did you mean configs/maniskill_pushcube_ppo_mlp.yaml?")
+    with pytest.raises(ConfigError) as e:  # nothing close: every shipped name, SFT ones too
+        load_config("nothing_like_it")
+    msg = str(e.value)
+    assert "sft/maniskill_lang3_sft_rl_pi0" in msg and "gym_pointreach_ppo_mlp" in msg
+    assert "a name alone works too" in msg and "placement/" not in msg and "\n" not in msg
+
+
+def test_sft_commands_refuse_an_rl_job_config_by_name():
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    with pytest.raises(ConfigError) as e:
+        load_sft_config(str(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml"))
+    assert "is an RL job config" in str(e.value) and "rlinf-embodied train" in str(e.value)
+
+
+def test_a_list_override_split_by_the_shell_says_to_quote_it():
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "maniskill_pushcube_ppo_mlp.yaml", ["policy.hidden_sizes=[64,", "64]"])
+    assert "split by the shell: quote the whole override" in str(e.value)
 
 
 def test_unquoted_overrides_inside_a_list_say_to_quote_them():

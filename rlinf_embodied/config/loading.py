@@ -81,9 +81,11 @@ def _missing_config_message(p: Path) -> str:
                    if x.parent.name != "placement")
     asked = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
     close = difflib.get_close_matches(asked.with_suffix("").as_posix(), names, n=1, cutoff=0.6)
-    hint = f" Did you mean configs/{close[0]}.yaml?" if close else ""
-    return (f"Config file not found: {p} (absolute: {p.resolve()}).{hint} Shipped configs "
-            f"(under configs/): {', '.join(names)}.")
+    where = f"Config file not found: {p} (absolute: {p.resolve()})."
+    if close:
+        return f"{where} Did you mean configs/{close[0]}.yaml?"
+    return (f"{where} Shipped configs (a name alone works too, from any directory: "
+            f"maniskill_pushcube_ppo_mlp, sft/maniskill_lang3_sft_rl_oft): {', '.join(names)}.")
 
 
 def _read_yaml(path: str | os.PathLike) -> DictConfig:

@@ -62,7 +62,11 @@ def parse_overrides(overrides: List[str]) -> DictConfig:
     """
     for o in overrides:
         if "=" not in o or o.startswith("="):
-            raise ConfigError(f"Override {o!r} is not of the form key=value (e.g. env.num_envs=16).")
+            split = (" A list or mapping with spaces was split by the shell: quote the whole "
+                     "override ('policy.hidden_sizes=[64, 64]')." if o.rstrip().endswith(("]", "}"))
+                     else "")
+            raise ConfigError(f"Override {o!r} is not of the form key=value (e.g. "
+                              f"env.num_envs=16).{split}")
     for o in overrides:
         try:
             OmegaConf.from_dotlist([o])

@@ -63,12 +63,19 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
     the list: a recipe's RL settings there (the suite pipelines' 48-step episodes) stay.
 
     Raises:
-        rlinf_embodied.config.ConfigError: invalid file or override; overrides that change an
+        rlinf_embodied.config.ConfigError: an RL job config (no demos / bc section); invalid
+            file or override; overrides that change an
             env field no stage reads (:data:`_UNREAD_ENV`: it would be silently ignored),
             however written (``env.num_envs=4``, ``'env={num_envs: 4}'``).
     """
-    from rlinf_embodied.config import ConfigError, load_config
+    from rlinf_embodied.config import ConfigError, load_config, peek_top_level
 
+    raw = peek_top_level(path)
+    if raw is not None and "demos" not in raw and "bc" not in raw and (
+            "trainer" in raw or "algorithm" in raw):
+        raise ConfigError(f"{path} is an RL job config (trainer / algorithm sections), not an "
+                          "SFT pipeline YAML (demos / bc sections): run it with `rlinf-embodied "
+                          "train`, or pass a pipeline from configs/sft/.")
     cfg = load_config(path, overrides or [], schema=SFTJobConfig)
     if overrides:
         file_cfg = load_config(path, [], schema=SFTJobConfig)

@@ -93,4 +93,5 @@ def test_report_lists_runner_ups_and_reasons():
     graph, prof = scenarios.embodied_maniskill_like()
     text = report_text(search(graph, prof, 8))
     assert "Chosen: hybrid" in text and "Runner-ups:" in text and "rejected:" in text
+    assert "as a config: placement=hybrid" in text
     assert text.endswith("\n") and "Why: hybrid is the fastest runnable plan" in text
