@@ -452,8 +452,8 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
     lines.extend(f"Note: {n}" for n in result.notes)
     lines.append("")
     lines.append(f"Chosen: {_plan_line(b)}")
-    lines.append(f"  as a config: placement={CONFIG_PLACEMENT[b.mode]} (or placement=auto, which "
-                 "runs this plan)")
+    lines.append(f"  mode as a config: placement={CONFIG_PLACEMENT[b.mode]} (its shipped layout); "
+                 "placement=auto runs this exact plan")
     lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     place = result.placement()
     lines.append(f"  context_switch: {str(place['context_switch']).lower()}")
