@@ -88,16 +88,18 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
     for c in candidates:
         if (c / CONFIG_FILE).is_file():
             return c
+    if (path / "config.yaml").is_file() and not is_run:
+        advice = ("It is a training run that stopped before its first save (config.yaml, no "
+                  "checkpoints/), so there is nothing to evaluate: train it again "
+                  "(`rlinf-embodied train CONFIG`) or pass another run.")
+    else:
+        advice = ("Pass a training run directory, a checkpoint directory, a published "
+                  "OpenVLA/OFT directory (config.json), 'random' or module:function.")
     raise PolicySourceError(
         f"No policy checkpoint found at {path}: looked for {CONFIG_FILE} in "
         + ", ".join(str(c) for c in candidates)
-        + (" (the run has no complete checkpoint yet)" if (path / "checkpoints").is_dir()
-           and latest is None else "")
-        + (". It is a training run that stopped before its first save (config.yaml, no "
-           "checkpoints/), so there is nothing to evaluate: train it again (`rlinf-embodied "
-           "train CONFIG`) or pass another run." if (path / "config.yaml").is_file() and not is_run else
-           ". Pass a training run directory, a checkpoint directory, a published OpenVLA/OFT "
-           "directory (config.json), 'random' or module:function.")
+        + (" (the run has no complete checkpoint yet)" if is_run and latest is None else "")
+        + f". {advice}"
     )
 
 

@@ -136,11 +136,12 @@ def config_show(
 
 
 def _is_sft_pipeline(path: str) -> bool:
-    """True for an SFT pipeline YAML (a top-level ``demos`` or ``bc`` section)."""
+    """True for an SFT pipeline YAML (:func:`~rlinf_embodied.sft.config.is_sft_pipeline`)."""
     from rlinf_embodied.config import peek_top_level
+    from rlinf_embodied.sft.config import is_sft_pipeline
 
     raw = peek_top_level(path)
-    return raw is not None and ("demos" in raw or "bc" in raw)
+    return raw is not None and is_sft_pipeline(raw)
 
 
 @app.command()

@@ -49,9 +49,6 @@ __all__ = [
 ]
 
 MODES = ("temporal", "spatial", "hybrid")
-CONFIG_PLACEMENT = {"temporal": "collocated", "spatial": "disaggregated", "hybrid": "hybrid",
-                    "single": "collocated"}
-"""The ``placement:`` name of a plan mode (docs/placement.md): temporal = collocated."""
 
 
 @dataclass(frozen=True)
@@ -452,10 +449,13 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
     lines.extend(f"Note: {n}" for n in result.notes)
     lines.append("")
     lines.append(f"Chosen: {_plan_line(b)}")
-    lines.append(f"  mode as a config: placement={CONFIG_PLACEMENT[b.mode]} (its shipped layout); "
-                 "placement=auto runs this exact plan")
-    lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     place = result.placement()
+    from rlinf_embodied.runtime.placement import PlacementPlan  # the name train prints for it
+
+    name = PlacementPlan.from_dict(place).mode(result.devices)
+    lines.append(f"  mode as a config: placement={name} (its shipped layout); placement=auto "
+                 "runs this exact plan")
+    lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     lines.append(f"  context_switch: {str(place['context_switch']).lower()}")
     if place["context_switch"]:
         lines.append(f"  offload: {str(place['offload']).lower()}")

@@ -17,7 +17,8 @@ from typing import Optional
 
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
-__all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES"]
+__all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
+           "is_sft_pipeline"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
 """Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
@@ -232,3 +233,9 @@ class SFTJobConfig:
     def run_dir(self) -> Path:
         """The pipeline's directory (``sft/``, ``rl/`` and the reports go under it)."""
         return self.run.run_dir()
+
+
+def is_sft_pipeline(raw) -> bool:
+    """Whether a job file's raw top-level mapping (:func:`~rlinf_embodied.config.peek_top_level`)
+    is an SFT pipeline's: it has a ``demos`` or ``bc`` section (configs/sft/)."""
+    return "demos" in raw or "bc" in raw

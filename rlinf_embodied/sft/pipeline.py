@@ -69,10 +69,10 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
             however written (``env.num_envs=4``, ``'env={num_envs: 4}'``).
     """
     from rlinf_embodied.config import ConfigError, load_config, peek_top_level
+    from rlinf_embodied.sft.config import is_sft_pipeline
 
     raw = peek_top_level(path)
-    if raw is not None and "demos" not in raw and "bc" not in raw and (
-            "trainer" in raw or "algorithm" in raw):
+    if raw is not None and not is_sft_pipeline(raw) and ("trainer" in raw or "algorithm" in raw):
         raise ConfigError(f"{path} is an RL job config (trainer / algorithm sections), not an "
                           "SFT pipeline YAML (demos / bc sections): run it with `rlinf-embodied "
                           "train`, or pass a pipeline from configs/sft/.")
