@@ -152,7 +152,7 @@ def eval_command(
              "differ with --num-envs). By default the policy sees each env's observation alone "
              "(a batch of 1), so its float rounding, hence every episode, is the same for any "
              "--num-envs. Recorded in the results."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write .md/.png/.html beside the results."),
+    no_report: bool = typer.Option(False, "--no-report", help="Write only the results JSON (by default also .md/.png/.html beside it)."),
     env_override: List[str] = typer.Option(
         [], "--env-override",
         help="KEY=VALUE env setting, VALUE in YAML (repeatable; recorded in env_config), e.g. "
@@ -191,7 +191,7 @@ def eval_command(
             tasks=parse_tasks(tasks), trials_per_task=trials_per_task, num_envs=num_envs,
             num_processes=num_processes, video=video, output=output, obs_mode=obs_mode,
             max_steps=max_steps, num_settle_steps=num_settle_steps, image_size=image_size,
-            policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=report, progress=progress,
+            policy_mode=policy_mode, checkpoint=checkpoint, policy_type=policy_type, device=device, reports=not no_report, progress=progress,
             batch_invariant=not no_batch_invariant, run_trials=run_trials,
             env_overrides=overrides,
         )
