@@ -49,11 +49,10 @@ class GymEnvConfig(EnvConfig):
                 register_toy_envs()
                 from rlinf_embodied.config import check_registered_env_id
 
-                check_registered_env_id(self.env_id, "gymnasium",
-                                        ".venv/bin/python -c \"import gymnasium; print(sorted(gymnasium.registry))\" "
-                                        "(toy envs: rlinf-embodied envs list). An id registered in "
-                                        f"your own module needs the module:id form, e.g. "
-                                        f"my_lab.envs:{self.env_id}.")
+                check_registered_env_id(
+                    self.env_id, "gymnasium",
+                    more=("(toy envs: rlinf-embodied envs list). An id registered in your own "
+                          f"module needs the module:id form, e.g. my_lab.envs:{self.env_id}."))
         except ConfigError:
             raise
         except ValueError as e:

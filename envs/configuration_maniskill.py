@@ -75,9 +75,7 @@ class ManiSkillEnvConfig(EnvConfig):
         from rlinf_embodied.config import check_registered_env_id
 
         for env_id in self.env_ids():
-            check_registered_env_id(
-                env_id, "ManiSkill3",
-                ".venv/bin/python -c \"import mani_skill.envs, gymnasium; print(sorted(gymnasium.registry))\"")
+            check_registered_env_id(env_id, "ManiSkill3", imports="mani_skill.envs, gymnasium")
 
     def __post_init__(self):
         super().__post_init__()

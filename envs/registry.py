@@ -178,6 +178,7 @@ register_env("toy/PointReach-v0", type="gym", env_id="toy/PointReach-v0",
 register_env("toy/Countdown-v0", type="gym", env_id="toy/Countdown-v0",
              description="deterministic step counter for exact-value tests (reward t, ends at t=length)")
 register_env("gym/CartPole-v1", type="gym", env_id="CartPole-v1",
-             description="gymnasium CartPole (Discrete actions as A=1 integers)")
+             description="gymnasium CartPole: balance a pole on a moving cart; 2 discrete "
+                         "actions (push left / right), one integer per env (A = 1)")
 register_env("gym/Pendulum-v1", type="gym", env_id="Pendulum-v1",
              description="gymnasium Pendulum (Box actions)")

@@ -13,6 +13,8 @@ Importing this module imports typer only; the machinery is imported when a comma
 from __future__ import annotations
 
 import re
+import shutil
+import textwrap
 from typing import List, Optional
 
 import typer
@@ -237,19 +239,25 @@ def protocols_command() -> None:
     """List the registered evaluation protocols."""
     from rlinf_embodied.eval.protocols import get_protocol, protocol_names
 
-    typer.echo("protocol@version [env] description; then max policy steps per suite or env id, "
-               "settle steps, trials per task, image size, the global seed (Python, numpy, torch), "
-               "the env seed (trial i resets with env seed + i) and the packages it requires")
+    columns = max(shutil.get_terminal_size((100, 24)).columns, 60)
+    typer.echo(textwrap.fill(
+        "protocol@version [env] description; then max policy steps per suite or env id, settle "
+        "steps, trials per task, image size, the global seed (Python, numpy, torch), the env "
+        "seed (trial i resets with env seed + i) and the packages it requires", columns))
     width = max(len(get_protocol(n).id) for n in protocol_names()) + 1
+    indent = " " * (width + 1)
     for name in protocol_names():
         p = get_protocol(name)
         steps = ", ".join(f"{'any' if k == '*' else k} {v}" for k, v in p.max_steps.items()) or "env default"
         image = (f"{p.image_size} px{' rotated 180' if p.rotate_180 else ''}"
                  if p.image_size else "env default")
         requires = ", ".join(f"{k}{v}" for k, v in p.requires.items()) or "none"
-        typer.echo(f"{p.id:<{width}} [{p.env}] {p.description}\n{'':<{width + 1}}max steps: {steps}; settle "
-                   f"{p.num_settle_steps}; {p.trials_per_task} trials/task; image {image}; "
-                   f"global seed {p.global_seed}; env seed {p.env_seed}; requires {requires}")
+        typer.echo(textwrap.fill(f"[{p.env}] {p.description}", columns,
+                                 initial_indent=f"{p.id:<{width}} ", subsequent_indent=indent))
+        typer.echo(textwrap.fill(
+            f"max steps: {steps}; settle {p.num_settle_steps}; {p.trials_per_task} trials/task; "
+            f"image {image}; global seed {p.global_seed}; env seed {p.env_seed}; requires "
+            f"{requires}", columns, initial_indent=indent, subsequent_indent=indent))
 
 
 if __name__ == "__main__":  # pragma: no cover

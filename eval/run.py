@@ -126,11 +126,15 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         PolicySourceError: the policy SOURCE is missing, of another type or for another env.
         ResultsError: the output file belongs to a different evaluation.
     """
+    from rlinf_embodied.eval.policy_files import find_checkpoint
     from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
 
     check_request(req)
     run_env, run_cfg = run_env_config(req.policy)
     req = adopt_run_env(req, run_env, run_cfg, FAMILIES)
+    source = Path(req.policy).expanduser()
+    if source.is_dir() and not (source / "config.json").is_file():
+        find_checkpoint(source, req.checkpoint)  # no checkpoint: say so before building envs
     protocol = resolve_protocol(req)
     if req.run_trials:  # the trials of the run's in-training evaluation
         protocol = protocol.with_overrides(**run_trials_overrides(req))

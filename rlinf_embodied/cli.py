@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import List, Optional
 
@@ -453,8 +455,10 @@ def envs_list() -> None:
 
     rows = describe_envs()
     width = max((len(i) for i, _ in rows), default=0)
-    for env_id, desc in rows:
-        typer.echo(f"{env_id:<{width}}  {desc}")
+    columns = max(shutil.get_terminal_size((100, 24)).columns, width + 30)
+    for env_id, desc in rows:  # descriptions wrap under themselves at the terminal's width
+        typer.echo(textwrap.fill(desc, columns, initial_indent=f"{env_id:<{width}}  ",
+                                 subsequent_indent=" " * (width + 2)))
 
 
 def _reflowed(doc: str) -> str:
@@ -475,17 +479,30 @@ def _reflowed(doc: str) -> str:
     return "\n\n".join(out).replace("``", "`")  # reST literals read as markdown code
 
 
-def _reflow_help(group: typer.Typer) -> None:
+def _reflow_help(group: typer.Typer, _seen: Optional[set] = None) -> None:
     """Every command of ``group`` (and its sub-groups) with no explicit help gets its
-    docstring :func:`_reflowed`."""
+    docstring :func:`_reflowed`; square brackets in it and in its options' help are escaped
+    (typer renders help as rich markup, where ``'state_keys=[pos, goal]'`` printed as
+    ``'state_keys='``)."""
     import inspect
 
-    for info in group.registered_commands:
-        if info.help is None and info.callback is not None and info.callback.__doc__:
-            info.help = _reflowed(inspect.getdoc(info.callback))
+    from rich.markup import escape
+
+    seen = set() if _seen is None else _seen  # arguments shared between commands: escape once
+    infos = [*group.registered_commands, *filter(None, [group.registered_callback])]
+    for info in infos:
+        if info.callback is None:
+            continue
+        if info.help is None and info.callback.__doc__ and info in group.registered_commands:
+            info.help = escape(_reflowed(inspect.getdoc(info.callback)))
+        for param in inspect.signature(info.callback).parameters.values():
+            default = param.default
+            if isinstance(default, typer.models.ParameterInfo) and default.help and id(default) not in seen:
+                seen.add(id(default))
+                default.help = escape(default.help)
     for sub in group.registered_groups:
         if sub.typer_instance is not None:
-            _reflow_help(sub.typer_instance)
+            _reflow_help(sub.typer_instance, seen)
 
 
 _reflow_help(app)

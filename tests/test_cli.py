@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import rlinf_embodied
@@ -38,6 +39,8 @@ def test_config_show_errors_are_clear(tmp_path):
     # same validate_job)
     r = runner.invoke(app, ["config", "show", "configs/maniskill_pushcube_ppo_mlp.yaml", "env.env_id=PushCub-v1"])
     assert r.exit_code == 2 and "not a registered ManiSkill3 env" in r.output and "'PushCube-v1'" in r.output
+    # the listing command runs this interpreter, from any directory
+    assert f"List them with: {sys.executable} -c 'import mani_skill.envs, gymnasium;" in r.output
 
 
 def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
@@ -562,4 +565,25 @@ def test_eval_of_a_run_that_never_saved_says_so(tmp_path):
     r = runner.invoke(app, ["eval", "--policy", str(tmp_path), "--env", "gym",
                             "--task", "toy/PointReach-v0", "-o", str(tmp_path / "r.json")])
     assert r.exit_code == 2 and "stopped before its first save" in r.output, r.output
+    # said before any env is built
+    from rlinf_embodied.eval.request import EvalRequest
+    from rlinf_embodied.eval.policy_files import PolicySourceError
+    from rlinf_embodied.eval.run import evaluate
+
+    def no_env(cfg):
+        raise AssertionError("an env was built before the policy files were checked")
+
+    with pytest.raises(PolicySourceError, match="stopped before its first save"):
+        evaluate(EvalRequest(env="gym", task="toy/PointReach-v0", policy=str(tmp_path),
+                             output=str(tmp_path / "r.json"), env_factory=no_env))
+
+
+def test_help_keeps_square_brackets_and_listings_wrap_at_the_terminal_width():
+    r = runner.invoke(app, ["eval", "--help"])  # typer renders help as rich markup
+    assert r.exit_code == 0 and "'state_keys=[pos, goal]'" in " ".join(
+        line.strip(" │") for line in r.output.splitlines()), r.output
+    for command in (["envs", "list"], ["eval", "protocols"]):
+        r = runner.invoke(app, command, env={"COLUMNS": "72"})
+        assert r.exit_code == 0 and "maniskill_lang3" in r.output
+        assert max(len(line) for line in r.output.splitlines()) <= 72, r.output
 

@@ -202,6 +202,13 @@ def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included():
     msg = str(e.value)
     assert "sft/maniskill_lang3_sft_rl_pi0" in msg and "gym_pointreach_ppo_mlp" in msg
     assert "a name alone works too" in msg and "placement/" not in msg and "\n" not in msg
+    # an SFT pipeline by its name alone, without sft/ (no job config shares a pipeline's name)
+    from rlinf_embodied.config.loading import shipped_config
+
+    assert shipped_config("maniskill_lang3_sft_rl_oft") == shipped_config("sft/maniskill_lang3_sft_rl_oft.yaml")
+    assert shipped_config("maniskill_lang3_sft_rl_oft").parent.name == "sft"
+    assert shipped_config("maniskill_pushcube_ppo_mlp").parent.name == "configs"
+    assert shipped_config("placement/maniskill_lang3_sft_rl_oft") is None
 
 
 def test_sft_commands_refuse_an_rl_job_config_by_name():

@@ -43,7 +43,8 @@ __all__ = [
 
 def shipped_config(name: str | os.PathLike) -> Optional[Path]:
     """The shipped job config ``name`` (``maniskill_pushcube_ppo_mlp``, with or without
-    ``.yaml`` or a leading ``configs/``), or None; works from an installed wheel too."""
+    ``.yaml`` or a leading ``configs/``; an SFT pipeline also without its ``sft/``), or None;
+    works from an installed wheel too."""
     from rlinf_embodied.configs import ROOT
 
     p = Path(name)
@@ -51,8 +52,11 @@ def shipped_config(name: str | os.PathLike) -> Optional[Path]:
         p = Path(*p.parts[1:])
     if not p.name:  # "configs" itself, "", "."
         return None
-    cand = ROOT / (p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml"))
-    return cand if cand.is_file() else None
+    p = p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml")
+    for cand in (ROOT / p, ROOT / "sft" / p) if len(p.parts) == 1 else (ROOT / p,):
+        if cand.is_file():
+            return cand
+    return None
 
 
 def peek_top_level(path: str | os.PathLike) -> Optional[DictConfig]:
@@ -85,7 +89,7 @@ def _missing_config_message(p: Path) -> str:
     if close:
         return f"{where} Did you mean configs/{close[0]}.yaml?"
     return (f"{where} Shipped configs (a name alone works too, from any directory: "
-            f"maniskill_pushcube_ppo_mlp, sft/maniskill_lang3_sft_rl_oft): {', '.join(names)}.")
+            f"maniskill_pushcube_ppo_mlp, maniskill_lang3_sft_rl_oft): {', '.join(names)}.")
 
 
 def _read_yaml(path: str | os.PathLike) -> DictConfig:
@@ -316,14 +320,18 @@ def config_diff(a: Any, b: Any, skip: tuple = ("run.",)) -> list[str]:
     return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in keys]
 
 
-def check_registered_env_id(env_id: str, family: str, registry_hint: str) -> None:
+def check_registered_env_id(env_id: str, family: str, imports: str = "gymnasium",
+                            more: str = "") -> None:
     """Raise if ``env_id`` is not in gymnasium's registry (after the caller imported the
-    simulator that registers its envs), suggesting the closest registered ids.
+    simulator that registers its envs), suggesting the closest registered ids and the command
+    that lists them (this interpreter, importing ``imports`` first); ``more`` ends the message.
 
     Raises:
         ConfigError: for an unregistered id.
     """
     import difflib
+    import shlex
+    import sys
 
     import gymnasium as gym
 
@@ -331,5 +339,7 @@ def check_registered_env_id(env_id: str, family: str, registry_hint: str) -> Non
         return
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    listing = shlex.quote(f"import {imports}; print(sorted(gymnasium.registry))")
     raise ConfigError(f"env.env_id={env_id!r} is not a registered {family} env.{hint} "
-                      f"List them with: {registry_hint}")
+                      f"List them with: {shlex.quote(sys.executable)} -c {listing}"
+                      + (f" {more}" if more else ""))

@@ -18,7 +18,7 @@ import typer
 
 __all__ = ["register"]
 
-_CONFIG = typer.Argument(..., help="SFT pipeline YAML, e.g. configs/sft/maniskill_pushcube_sft_rl_mlp.yaml")
+_CONFIG = typer.Argument(..., help="SFT pipeline YAML, or a shipped one by name (e.g. maniskill_pushcube_sft_rl_mlp)")
 _OVERRIDES = typer.Argument(None, help="key=value overrides (e.g. demos.num_trajectories=10)")
 
 
