@@ -52,7 +52,8 @@ class GymEnvConfig(EnvConfig):
                 check_registered_env_id(
                     self.env_id, "gymnasium",
                     more=("(toy envs: rlinf-embodied envs list). An id registered in your own "
-                          f"module needs the module:id form, e.g. my_lab.envs:{self.env_id}."))
+                          "module needs the module:id form, e.g. my_lab.envs:"
+                          f"{self.env_id if '/' not in self.env_id else 'MyEnv-v0'}."))
         except ConfigError:
             raise
         except ValueError as e:

@@ -63,18 +63,14 @@ def parse_tasks(text: Optional[str]) -> Optional[List[int]]:
     if text is None or text.strip().lower() == "all":
         return None
     out: List[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise ValueError(
-            f"--tasks {text!r} is not a list of task ids; use e.g. 0,3 or 0-4 or all."
-        ) from None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (hi.isdigit() if sep else True)):
+            raise ValueError(
+                f"--tasks {text!r} is not a list of task ids; use e.g. 0,3 or 0-4 or all.")
+        if sep and int(hi) < int(lo):
+            raise ValueError(f"--tasks {text!r}: the range {part} is reversed; write {hi}-{lo}.")
+        out.extend(range(int(lo), int(hi if sep else lo) + 1))
     return out
 
 
@@ -101,7 +97,7 @@ def eval_command(
     env: Optional[str] = typer.Option(
         None, "--env", help="libero, maniskill, gym, or a user's env type package.module:Class (default for a training run's --policy: its env.type)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="A task suite: LIBERO (libero_spatial, ...) or ManiSkill (maniskill_lang3); `envs list` lists them."),
-    task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1."),
+    task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1 (or as `envs list` writes it, maniskill/PushCube-v1)."),
     policy: Optional[str] = typer.Option(
         None, "--policy",
         help="Run or checkpoint directory (an SFT stage's <run>/sft/policy too), a published "
@@ -174,6 +170,8 @@ def eval_command(
               f"--policy random).")
     if max_steps is not None and max_steps < 1:  # before the protocol's "or null" wording
         _fail(f"--max-steps must be >= 1 (got {max_steps}); leave it out for the protocol's own.")
+    if image_size is not None and image_size < 1:
+        _fail(f"--image-size must be >= 1 pixel (got {image_size}); leave it out for the protocol's own.")
     from rlinf_embodied.eval.policy_files import PolicySourceError
     from rlinf_embodied.eval.protocols import ProtocolError
     from rlinf_embodied.eval.request import EvalError, EvalRequest
@@ -186,6 +184,8 @@ def eval_command(
         typer.echo(f"[{done}/{total}] task {ep.task} trial {ep.trial}: {status} "
                    f"{ep.steps} steps" + (f"  {ep.error}" if ep.error else ""), err=True)
 
+    if env in ("gym", "maniskill") and task and task.startswith(f"{env}/"):
+        task = task[len(env) + 1:]  # the `envs list` id (maniskill/PushCube-v1): the env's own
     overrides = parse_env_overrides(env_override)
     try:
         req = EvalRequest(
@@ -217,7 +217,7 @@ def compare_command(
     baseline: str = typer.Argument(..., help="Baseline results JSON."),
     candidate: str = typer.Argument(..., help="Results JSON compared with the baseline."),
     force: bool = typer.Option(False, "--force", help="Compare even across protocols/suites."),
-    json_output: Optional[str] = typer.Option(None, "--json", help="Also write the comparison as JSON here."),
+    json_output: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Also write the comparison as JSON to PATH."),
 ) -> None:
     """Per-task differences and McNemar's paired test over shared (task, trial) pairs."""
     from rlinf_embodied.eval.report import CompareError, compare, format_comparison

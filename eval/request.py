@@ -136,8 +136,8 @@ def all_pairs(tasks: Sequence[Any], trials: int) -> List[Pair]:
 
 def check_request(req: EvalRequest) -> None:
     """Check the request's own arguments, before any policy or env is loaded: ``video`` is one
-    of :data:`VIDEO_MODES`, ``num_envs`` >= 1, and the results file can be written
-    (:func:`_check_writable`).
+    of :data:`VIDEO_MODES`, ``num_envs`` >= 1, ``device`` a CUDA device this machine has or
+    the CPU, and the results file can be written (:func:`_check_writable`).
 
     Raises:
         EvalError: naming the flag, the value and the valid choices.
@@ -146,7 +146,31 @@ def check_request(req: EvalRequest) -> None:
         raise EvalError(f"--video must be one of {', '.join(VIDEO_MODES)} (got {req.video!r}).")
     if req.num_envs < 1:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
+    if req.device is not None:
+        _check_device(req.device)
     _check_writable(Path(req.output))
+
+
+def _check_device(device: str) -> None:
+    """``--device``: ``cpu``, or ``cuda`` / ``cuda:I`` on a machine with that CUDA device.
+
+    Raises:
+        EvalError: another device type, or a CUDA device this machine does not have.
+    """
+    import torch
+
+    leave_out = "leave --device out (cuda when there is one, else cpu)"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise EvalError(f"--device must be cpu, cuda or cuda:I (got {device!r}); {leave_out}.")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise EvalError(f"--device {device}: this machine has {count} CUDA device(s) "
+                            f"(torch.cuda); pass --device cpu or {leave_out}.")
 
 
 def _check_writable(output: Path) -> None:

@@ -237,6 +237,9 @@ class ResultsFile:
                 the message says which and what to do.
         """
         p = Path(path)
+        if p.is_dir():
+            raise ResultsError(f"Results file {p} is a directory; pass the results .json that "
+                               "an `rlinf-embodied eval` run wrote (its --output).")
         if not p.is_file():
             raise ResultsError(
                 f"Results file {p} does not exist (absolute: {p.resolve()}); pass the --output "
@@ -244,11 +247,13 @@ class ResultsFile:
             )
         try:
             data = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            reason = e.reason if isinstance(e, UnicodeDecodeError) else e
             raise ResultsError(
-                f"Results file {p} is not valid JSON ({e}); it was not written by "
-                "rlinf-embodied eval (which writes atomically). Delete it or pass another "
-                "--output."
+                f"Results file {p} is not JSON ({reason}), so no `rlinf-embodied eval` run wrote "
+                "it (eval writes atomically; the .md/.png/.html beside its results .json are "
+                "reports): pass the results .json (for eval's resume, delete it or pass another "
+                "--output)."
             ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ResultsError(

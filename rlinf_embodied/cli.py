@@ -146,6 +146,22 @@ def _is_sft_pipeline(path: str) -> bool:
     return raw is not None and is_sft_pipeline(raw)
 
 
+def _refuse_sft_pipeline(config: str, command: str) -> None:
+    """``train`` / ``plan`` take RL job configs; an SFT pipeline YAML names what runs it.
+
+    Raises:
+        ConfigError: ``config`` is an SFT pipeline YAML.
+    """
+    from rlinf_embodied.config import ConfigError
+
+    if _is_sft_pipeline(config):
+        rl = (f"; `rlinf-embodied config show {config} --rl-stage > rl.yaml` writes the RL job "
+              f"its finetune stage runs, which `plan rl.yaml` takes" if command == "plan" else "")
+        raise ConfigError(f"{config} is an SFT -> RL pipeline (demos / bc sections), not an RL "
+                          f"job config: run it with `rlinf-embodied sft-rl {config}` (or stage "
+                          f"by stage: demos, sft, finetune){rl}.")
+
+
 @app.command()
 def doctor(
     overrides: Optional[List[str]] = typer.Argument(
@@ -352,6 +368,8 @@ def train(
     overrides = list(overrides or [])
     try:
         check_repeated_overrides(overrides)
+        if config and not resume:
+            _refuse_sft_pipeline(config, "train")
     except ConfigError as e:
         signals.restore()
         _fail(str(e))
@@ -443,6 +461,7 @@ def plan(
 
     try:
         check_repeated_overrides(overrides or [])
+        _refuse_sft_pipeline(config, "plan")
         typer.echo(plan_command(config, devices, json_output, overrides or []))
     except (ConfigError, ValueError) as e:
         _fail(str(e))
@@ -508,6 +527,21 @@ def _reflow_help(group: typer.Typer, _seen: Optional[set] = None) -> None:
 _reflow_help(app)
 
 
+def _command_path(argv: Optional[List[str]]) -> str:
+    """``rlinf-embodied eval compare`` for ``argv`` (default: ``sys.argv[1:]``) naming that
+    command: the subcommand names it starts with (click leaves an option's missing value
+    without the command's context)."""
+    command = typer.main.get_command(app)
+    path = ["rlinf-embodied"]
+    for word in sys.argv[1:] if argv is None else argv:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
+        path.append(word)
+    return " ".join(path)
+
+
 def run(argv: Optional[List[str]] = None) -> None:
     """The console entry point (``rlinf-embodied``, ``python -m rlinf_embodied.cli``): ``app``,
     with click's command-line errors (an unknown option, a value that does not parse, a missing
@@ -524,7 +558,7 @@ def run(argv: Optional[List[str]] = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except usage_error as e:
-        path = e.ctx.command_path if e.ctx is not None else "rlinf-embodied"
+        path = e.ctx.command_path if e.ctx is not None else _command_path(argv)
         _print_error(f"{e.format_message()} (see '{path} --help')")
         sys.exit(e.exit_code)
     except module.ClickException as e:

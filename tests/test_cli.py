@@ -419,6 +419,10 @@ def test_command_line_errors_are_one_error_line(capsys):
         (["config", "show"], "config show --help')"),
         (["config", "show", "configs"], "error: Config path configs is a directory; pass a YAML file."),
         (["plan", "configs/"], "is a directory; pass a YAML file."),
+        # an option's missing value: click gives no context, the hint names the subcommand
+        (["eval", "compare", "a.json", "b.json", "--json"],
+         "requires an argument. (see 'rlinf-embodied eval compare --help')"),
+        (["train", "--resume"], "(see 'rlinf-embodied train --help')"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:
@@ -587,3 +591,47 @@ def test_help_keeps_square_brackets_and_listings_wrap_at_the_terminal_width():
         assert r.exit_code == 0 and "maniskill_lang3" in r.output
         assert max(len(line) for line in r.output.splitlines()) <= 72, r.output
 
+
+
+def test_sft_pipelines_given_to_train_or_plan_and_rl_keys_given_to_a_pipeline_say_where_they_go(tmp_path):
+    for command in (["train"], ["plan", "--devices", "4"]):
+        r = runner.invoke(app, [*command[:1], "maniskill_lang3_sft_rl_oft", *command[1:]])
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and "is an SFT -> RL pipeline" in out and "sft-rl" in out, out
+    r = runner.invoke(app, ["config", "show", "maniskill_pushcube_sft_rl_mlp", "--rl-stage", "trainer.lr=1e-5"])
+    assert r.exit_code == 2 and "pass 'rl.overrides=[\"trainer.lr=1e-5\"]'" in r.output, r.output
+    r = runner.invoke(app, ["config", "show", "maniskill_pushcube_sft_rl_mlp", "--rl-stage",
+                            'rl.overrides=["trainer.lr=1e-5"]'])
+    assert r.exit_code == 0 and "lr: 1.0e-05" in r.stdout, r.output
+    # a shipped placement layout is no job; an explicit ./ path is never a shipped config
+    r = runner.invoke(app, ["config", "show", "placement/collocated"])
+    assert r.exit_code == 2 and "is a placement layout" in r.output and "placement=collocated" in r.output
+    r = runner.invoke(app, ["config", "show", f"{tmp_path}/maniskill_pushcube_ppo_mlp.yaml"])
+    assert r.exit_code == 2 and "Config file not found" in r.output, r.output
+
+
+def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
+    import torch
+
+    base = ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random",
+            "--trials-per-task", "1", "-o", str(tmp_path / "r.json")]
+    for device, message in [("tpu", "--device must be cpu, cuda or cuda:I (got 'tpu')"),
+                            ("cuda:99", "--device cuda:99: this machine has")]:
+        r = runner.invoke(app, [*base, "--device", device])
+        assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+    if not torch.cuda.is_available():
+        r = runner.invoke(app, [*base, "--device", "cuda"])
+        assert r.exit_code == 2 and "this machine has 0 CUDA device(s)" in r.output, r.output
+    r = runner.invoke(app, [*base, "--image-size", "-5"])
+    assert r.exit_code == 2 and "--image-size must be >= 1 pixel (got -5)" in r.output, r.output
+    assert not (tmp_path / "r.json").exists()
+    from rlinf_embodied.eval.cli import parse_tasks
+
+    with pytest.raises(ValueError, match="the range 2-1 is reversed; write 1-2"):
+        parse_tasks("2-1")
+    assert parse_tasks(" 1 , 2-3 ") == [1, 2, 3]
+    # the id as `envs list` writes it (gym/<gymnasium id>) is the gymnasium id
+    r = runner.invoke(app, ["eval", "--env", "gym", "--task", "gym/toy/PointReach-v0", "--policy",
+                            "random", "--trials-per-task", "1", "--no-report", "-o", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "r.json").read_text())["header"]["env_id"] == "toy/PointReach-v0"

@@ -47,6 +47,8 @@ def shipped_config(name: str | os.PathLike) -> Optional[Path]:
     works from an installed wheel too."""
     from rlinf_embodied.configs import ROOT
 
+    if os.fspath(name).startswith(("./", "../")) or os.path.isabs(name):
+        return None  # an explicit path names a file, never a shipped config
     p = Path(name)
     if p.parts[:1] == ("configs",):
         p = Path(*p.parts[1:])
@@ -64,7 +66,7 @@ def peek_top_level(path: str | os.PathLike) -> Optional[DictConfig]:
     to tell which schema it needs; None when it is missing, not YAML or not a mapping (the
     strict loader then reports why)."""
     p = Path(path)
-    p = p if p.is_file() else shipped_config(p)
+    p = p if p.is_file() else shipped_config(path)
     if p is None:
         return None
     try:
@@ -94,12 +96,18 @@ def _missing_config_message(p: Path) -> str:
 
 def _read_yaml(path: str | os.PathLike) -> DictConfig:
     p = Path(path)
-    if not p.exists() and shipped_config(p) is not None:
-        p = shipped_config(p)
+    if not p.exists() and shipped_config(path) is not None:
+        p = shipped_config(path)
     if not p.exists():
         raise ConfigError(_missing_config_message(p))
     if p.is_dir():
         raise ConfigError(f"Config path {p} is a directory; pass a YAML file.")
+    from rlinf_embodied.configs import ROOT
+
+    if p.resolve().parent == (ROOT / "placement").resolve():
+        raise ConfigError(f"{p} is a placement layout, not a job config: a job selects it with "
+                          f"placement={p.stem} (e.g. `rlinf-embodied config show "
+                          f"maniskill_pushcube_ppo_mlp placement={p.stem}`).")
     try:
         cfg = OmegaConf.load(p)
     except Exception as e:  # yaml.YAMLError and friends

@@ -19,7 +19,7 @@ import typer
 __all__ = ["register"]
 
 _CONFIG = typer.Argument(..., help="SFT pipeline YAML, or a shipped one by name (e.g. maniskill_pushcube_sft_rl_mlp)")
-_OVERRIDES = typer.Argument(None, help="key=value overrides (e.g. demos.num_trajectories=10)")
+_OVERRIDES = typer.Argument(None, help="key=value overrides of the pipeline YAML (e.g. bc.steps=1000; the RL stage's own keys go in 'rl.overrides=[\"trainer.lr=3e-4\"]')")
 
 
 def _fail(msg: str, code: int = 2) -> None:

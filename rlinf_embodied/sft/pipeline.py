@@ -50,6 +50,9 @@ _VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wri
 #: evaluation and the gate run fixed-length protocol episodes with ``demos.processes`` /
 #: ``eval.num_envs`` / ``eval.num_processes``; the RL stage takes these from ``rl.config``):
 #: an override of one would be silently ignored.
+#: Sections of an RL job config that an SFT pipeline does not have (its RL stage's, set through
+#: ``rl.overrides``).
+_RL_SECTIONS = ("cluster", "placement", "algorithm", "trainer", "logging", "elastic")
 _UNREAD_ENV = ("num_envs", "num_processes", "seed", "ignore_terminations",
                "ignore_terminations_fraction", "success_hold_steps", "success_hold_ramp",
                "autoreset_mode", "video", "video_dir")
@@ -76,6 +79,13 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
         raise ConfigError(f"{path} is an RL job config (trainer / algorithm sections), not an "
                           "SFT pipeline YAML (demos / bc sections): run it with `rlinf-embodied "
                           "train`, or pass a pipeline from configs/sft/.")
+    sections = {f.name for f in dataclasses.fields(SFTJobConfig)}
+    for item in overrides or []:  # a key of the RL stage's job config: say where it goes
+        key = item.partition("=")[0].strip()
+        if "=" in item and key.split(".")[0] not in sections and key.split(".")[0] in _RL_SECTIONS:
+            raise ConfigError(f"{item} sets the RL stage's job config, which an SFT pipeline "
+                              f"takes through rl.overrides: pass 'rl.overrides=[\"{item}\"]' "
+                              "(it adds to the pipeline's own).")
     cfg = load_config(path, overrides or [], schema=SFTJobConfig)
     if overrides:
         file_cfg = load_config(path, [], schema=SFTJobConfig)
@@ -481,8 +491,11 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
     from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
     if not (rl_dir / "config.yaml").is_file():
-        raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run `rlinf-embodied "
-                          "finetune` without --resume to start one.")
+        start = ("`rlinf-embodied finetune` without --resume to start one"
+                 if (rl_dir.parent / "sft" / "sft_record.json").is_file() else
+                 "`rlinf-embodied sft-rl` with the same config (nor has the SFT stage run: "
+                 f"no {rl_dir.parent / 'sft' / 'sft_record.json'})")
+        raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run {start}.")
     ckpt = latest_loadable_checkpoint(rl_dir, warn=log)
     if ckpt is None:
         raise ConfigError(f"--resume: no complete checkpoint in {rl_dir / 'checkpoints'} (the RL "

@@ -305,3 +305,18 @@ def test_a_suite_run_is_evaluated_on_its_own_tasks_unless_the_suite_is_named():
         adopt_run_env(EvalRequest(env=None, policy="random"), {}, None, FAMILIES, said.append)
     with pytest.raises(Exception, match="--policy x: no such file or directory"):
         adopt_run_env(EvalRequest(env=None, policy="x"), {}, None, FAMILIES, said.append)
+
+
+def test_compare_of_a_report_or_a_folder_is_one_line_naming_the_results_json(tmp_path):
+    _results(tmp_path / "a.json")
+    (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00")  # eval's report beside it
+    (tmp_path / "a.md").write_text("# report\n")
+    (tmp_path / "dir").mkdir()
+    app = typer.Typer()
+    app.add_typer(eval_app, name="eval")
+    for other, message in [("a.png", "is not JSON (invalid start byte)"), ("a.md", "is not JSON"),
+                           ("dir", "is a directory; pass the results .json")]:
+        r = runner.invoke(app, ["eval", "compare", str(tmp_path / "a.json"), str(tmp_path / other)])
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and message in out and "Traceback" not in out, out
+        assert "\n" not in r.output.strip()
