@@ -71,6 +71,9 @@ def parse_tasks(text: Optional[str]) -> Optional[List[int]]:
         if sep and int(hi) < int(lo):
             raise ValueError(f"--tasks {text!r}: the range {part} is reversed; write {hi}-{lo}.")
         out.extend(range(int(lo), int(hi if sep else lo) + 1))
+    if not out:
+        raise ValueError(f"--tasks {text!r} names no task; use e.g. 0,3 or 0-4, or leave it out "
+                         "for all.")
     return out
 
 
@@ -223,6 +226,16 @@ def compare_command(
     from rlinf_embodied.eval.report import CompareError, compare, format_comparison
     from rlinf_embodied.eval.results import ResultsError
 
+    from pathlib import Path
+
+    if json_output:  # checked before comparing: the comparison never replaces its inputs
+        out = Path(json_output)
+        if out.is_dir():
+            _fail(f"--json {json_output} is a directory; pass a file path, e.g. "
+                  f"{out / 'comparison.json'}.")
+        if any(out.resolve() == Path(f).resolve() for f in (baseline, candidate)):
+            _fail(f"--json {json_output} is one of the results files compared; pass another "
+                  "path, e.g. comparison.json.")
     try:
         c = compare(baseline, candidate, force=force)
     except (CompareError, ResultsError) as e:

@@ -97,7 +97,7 @@ class _LiberoFamily(EnvFamily):
             listing = "; ".join(f"{i}: {s}" for i, s in enumerate(names))
             raise EvalError(
                 f"Unknown task id(s) {bad or tasks} for {req.suite}; valid ids are 0..{n - 1} "
-                f"(--tasks 0,3): {listing}."
+                f"(e.g. --tasks 0,3): {listing}."
             )
         trials = protocol.trials_per_task
         for t in tasks:
@@ -164,7 +164,11 @@ class _SeededFamily(EnvFamily):
             raise EvalError(f"--env {req.env} needs --task <env id> (e.g. {example}), or --policy "
                             "a training run (its env.env_id is used).")
         if req.tasks is not None:
-            raise EvalError(f"--tasks selects LIBERO tasks; for --env {req.env} use --task.")
+            raise EvalError(f"--tasks selects tasks of a --suite (LIBERO, ManiSkill); for "
+                            f"--env {req.env} --task <env id> use --task alone.")
+        if req.suite is not None:
+            raise EvalError(f"--suite {req.suite} is not a suite of --env {req.env}; pass "
+                            f"--task <env id> alone (suites: LIBERO, ManiSkill's maniskill_lang3).")
 
     def tasks(self) -> List[Any]:
         return [self.req.task]
@@ -224,7 +228,7 @@ class _ManiSkillFamily(_SeededFamily):
         bad = [t for t in tasks if not (isinstance(t, int) and 0 <= t < n)]
         if bad or not tasks:
             raise EvalError(f"Unknown task id(s) {bad or tasks} for {req.suite}; valid ids are "
-                            f"0..{n - 1} (--tasks 0,2): {self.suite.listing()}.")
+                            f"0..{n - 1} (e.g. --tasks 0,2): {self.suite.listing()}.")
         self._tasks = tasks
 
     @staticmethod

@@ -422,6 +422,12 @@ def resolve_policy(source: str, ctx: PolicyContext,
             f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
             f"--policy {source} is none. Pass a run directory or drop --checkpoint."
         )
+    if expected_type is not None:
+        from rlinf_embodied.policies.registry import policy_types
+
+        if expected_type not in (*policy_types(), "random"):
+            raise PolicySourceError(f"--policy-type {expected_type!r} is no policy type; valid: "
+                                    f"{', '.join(sorted(policy_types()))}, random.")
     if source == "random":
         if expected_type not in (None, "random"):
             raise PolicySourceError(f"--policy random is not a {expected_type} policy.")

@@ -474,10 +474,15 @@ def envs_list() -> None:
 
     rows = describe_envs()
     width = max((len(i) for i, _ in rows), default=0)
-    columns = max(shutil.get_terminal_size((100, 24)).columns, width + 30)
+    columns = shutil.get_terminal_size((100, 24)).columns
     for env_id, desc in rows:  # descriptions wrap under themselves at the terminal's width
-        typer.echo(textwrap.fill(desc, columns, initial_indent=f"{env_id:<{width}}  ",
-                                 subsequent_indent=" " * (width + 2)))
+        if columns >= width + 30:
+            typer.echo(textwrap.fill(desc, columns, initial_indent=f"{env_id:<{width}}  ",
+                                     subsequent_indent=" " * (width + 2)))
+        else:  # too narrow for two columns: the id, then its description indented below it
+            typer.echo(env_id)
+            typer.echo(textwrap.fill(desc, max(columns, 24), initial_indent="    ",
+                                     subsequent_indent="    "))
 
 
 def _reflowed(doc: str) -> str:

@@ -587,9 +587,10 @@ def test_help_keeps_square_brackets_and_listings_wrap_at_the_terminal_width():
     assert r.exit_code == 0 and "'state_keys=[pos, goal]'" in " ".join(
         line.strip(" │") for line in r.output.splitlines()), r.output
     for command in (["envs", "list"], ["eval", "protocols"]):
-        r = runner.invoke(app, command, env={"COLUMNS": "72"})
-        assert r.exit_code == 0 and "maniskill_lang3" in r.output
-        assert max(len(line) for line in r.output.splitlines()) <= 72, r.output
+        for columns in (72, 60):
+            r = runner.invoke(app, command, env={"COLUMNS": str(columns)})
+            assert r.exit_code == 0 and "maniskill_lang3" in r.output
+            assert max(len(line) for line in r.output.splitlines()) <= columns, r.output
 
 
 
@@ -635,3 +636,22 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
                             "random", "--trials-per-task", "1", "--no-report", "-o", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "r.json").read_text())["header"]["env_id"] == "toy/PointReach-v0"
+
+
+def test_eval_flags_that_do_not_fit_the_env_or_the_comparison_are_refused(tmp_path):
+    base = ["eval", "--env", "gym", "--task", "toy/PointReach-v0", "--policy", "random",
+            "--trials-per-task", "1", "--no-report"]
+    for extra, message in [(["--suite", "maniskill_lang3"], "--suite maniskill_lang3 is not a suite of --env gym"),
+                           (["--tasks", "0"], "--tasks selects tasks of a --suite"),
+                           (["--tasks", " "], "names no task"),
+                           (["--policy-type", "bogus"], "--policy-type 'bogus' is no policy type; valid:")]:
+        r = runner.invoke(app, [*base, *extra, "-o", str(tmp_path / "x.json")])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), (extra, r.output)
+    r = runner.invoke(app, [*base, "-o", str(tmp_path / "a.json")])
+    assert r.exit_code == 0, r.output
+    a = str(tmp_path / "a.json")
+    before = (tmp_path / "a.json").read_text()
+    for out, message in [(a, "is one of the results files compared"), (str(tmp_path), "is a directory")]:
+        r = runner.invoke(app, ["eval", "compare", a, a, "--json", out])
+        assert r.exit_code == 2 and message in r.output, r.output
+    assert (tmp_path / "a.json").read_text() == before  # the inputs stay as they were
