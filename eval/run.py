@@ -132,12 +132,12 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     check_request(req)
     run_env, run_cfg = run_env_config(req.policy)
     req = adopt_run_env(req, run_env, run_cfg, FAMILIES)
-    source = Path(req.policy).expanduser()
-    if source.is_dir() and not (source / "config.json").is_file():
-        find_checkpoint(source, req.checkpoint)  # no checkpoint: say so before building envs
     protocol = resolve_protocol(req)
     if req.run_trials:  # the trials of the run's in-training evaluation
         protocol = protocol.with_overrides(**run_trials_overrides(req))
+    source = Path(req.policy).expanduser()
+    if source.is_dir() and not (source / "config.json").is_file():
+        find_checkpoint(source, req.checkpoint)  # no checkpoint: say so before building envs
     adopted = run_env_overrides(req, protocol, run_env)
     if adopted:
         print("eval: the policy's env settings from its run "

@@ -18,7 +18,7 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
-           "is_sft_pipeline"]
+           "is_sft_pipeline", "check_no_rl_stage_keys", "RL_STAGE_SECTIONS"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
 """Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
@@ -239,3 +239,28 @@ def is_sft_pipeline(raw) -> bool:
     """Whether a job file's raw top-level mapping (:func:`~rlinf_embodied.config.peek_top_level`)
     is an SFT pipeline's: it has a ``demos`` or ``bc`` section (configs/sft/)."""
     return "demos" in raw or "bc" in raw
+
+
+#: Sections of an RL job config that an SFT pipeline does not have (its RL stage's, set through
+#: ``rl.overrides``).
+RL_STAGE_SECTIONS = ("cluster", "placement", "algorithm", "trainer", "logging", "elastic")
+
+
+def check_no_rl_stage_keys(overrides: list, sections: set) -> None:
+    """Refuse a pipeline override that sets a key of the RL stage's job config.
+
+    Args:
+        overrides: the pipeline's ``key=value`` overrides.
+        sections: the pipeline schema's top-level sections (a key under one of them is its own).
+
+    Raises:
+        rlinf_embodied.config.ConfigError: naming the ``rl.overrides=[...]`` spelling.
+    """
+    from rlinf_embodied.config import ConfigError
+
+    for item in overrides:
+        head = item.partition("=")[0].strip().split(".")[0]
+        if "=" in item and head not in sections and head in RL_STAGE_SECTIONS:
+            raise ConfigError(f"{item} sets the RL stage's job config, which an SFT pipeline "
+                              f"takes through rl.overrides: pass 'rl.overrides=[\"{item}\"]' "
+                              "(it adds to the pipeline's own).")

@@ -50,9 +50,6 @@ _VLA_BEHAVIOUR = ("type", "action_chunk", "action_head", "use_proprio", "use_wri
 #: evaluation and the gate run fixed-length protocol episodes with ``demos.processes`` /
 #: ``eval.num_envs`` / ``eval.num_processes``; the RL stage takes these from ``rl.config``):
 #: an override of one would be silently ignored.
-#: Sections of an RL job config that an SFT pipeline does not have (its RL stage's, set through
-#: ``rl.overrides``).
-_RL_SECTIONS = ("cluster", "placement", "algorithm", "trainer", "logging", "elastic")
 _UNREAD_ENV = ("num_envs", "num_processes", "seed", "ignore_terminations",
                "ignore_terminations_fraction", "success_hold_steps", "success_hold_ramp",
                "autoreset_mode", "video", "video_dir")
@@ -72,20 +69,14 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
             however written (``env.num_envs=4``, ``'env={num_envs: 4}'``).
     """
     from rlinf_embodied.config import ConfigError, load_config, peek_top_level
-    from rlinf_embodied.sft.config import is_sft_pipeline
+    from rlinf_embodied.sft.config import check_no_rl_stage_keys, is_sft_pipeline
 
     raw = peek_top_level(path)
     if raw is not None and not is_sft_pipeline(raw) and ("trainer" in raw or "algorithm" in raw):
         raise ConfigError(f"{path} is an RL job config (trainer / algorithm sections), not an "
                           "SFT pipeline YAML (demos / bc sections): run it with `rlinf-embodied "
                           "train`, or pass a pipeline from configs/sft/.")
-    sections = {f.name for f in dataclasses.fields(SFTJobConfig)}
-    for item in overrides or []:  # a key of the RL stage's job config: say where it goes
-        key = item.partition("=")[0].strip()
-        if "=" in item and key.split(".")[0] not in sections and key.split(".")[0] in _RL_SECTIONS:
-            raise ConfigError(f"{item} sets the RL stage's job config, which an SFT pipeline "
-                              f"takes through rl.overrides: pass 'rl.overrides=[\"{item}\"]' "
-                              "(it adds to the pipeline's own).")
+    check_no_rl_stage_keys(overrides or [], {f.name for f in dataclasses.fields(SFTJobConfig)})
     cfg = load_config(path, overrides or [], schema=SFTJobConfig)
     if overrides:
         file_cfg = load_config(path, [], schema=SFTJobConfig)
