@@ -11,6 +11,8 @@ is as strict as every other job file (unknown keys name the closest valid one).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -18,7 +20,7 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
-           "is_sft_pipeline", "check_no_rl_stage_keys", "RL_STAGE_SECTIONS"]
+           "is_sft_pipeline", "check_no_rl_stage_keys"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
 """Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
@@ -241,11 +243,6 @@ def is_sft_pipeline(raw) -> bool:
     return "demos" in raw or "bc" in raw
 
 
-#: Sections of an RL job config that an SFT pipeline does not have (its RL stage's, set through
-#: ``rl.overrides``).
-RL_STAGE_SECTIONS = ("cluster", "placement", "algorithm", "trainer", "logging", "elastic")
-
-
 def check_no_rl_stage_keys(overrides: list, sections: set) -> None:
     """Refuse a pipeline override that sets a key of the RL stage's job config.
 
@@ -256,11 +253,12 @@ def check_no_rl_stage_keys(overrides: list, sections: set) -> None:
     Raises:
         rlinf_embodied.config.ConfigError: naming the ``rl.overrides=[...]`` spelling.
     """
-    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.config import ConfigError, JobConfig
 
+    rl_only = {f.name for f in dataclasses.fields(JobConfig)} - set(sections)  # the RL stage's
     for item in overrides:
         head = item.partition("=")[0].strip().split(".")[0]
-        if "=" in item and head not in sections and head in RL_STAGE_SECTIONS:
+        if "=" in item and head in rl_only:
             raise ConfigError(f"{item} sets the RL stage's job config, which an SFT pipeline "
                               f"takes through rl.overrides: pass 'rl.overrides=[\"{item}\"]' "
                               "(it adds to the pipeline's own).")

@@ -482,10 +482,11 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
     from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
     if not (rl_dir / "config.yaml").is_file():
-        start = ("`rlinf-embodied finetune` without --resume to start one"
-                 if (rl_dir.parent / "sft" / "sft_record.json").is_file() else
-                 "`rlinf-embodied sft-rl` with the same config (nor has the SFT stage run: "
-                 f"no {rl_dir.parent / 'sft' / 'sft_record.json'})")
+        from rlinf_embodied.sft.gate import RECORD_FILE
+
+        record = rl_dir.parent / "sft" / RECORD_FILE
+        start = ("`rlinf-embodied finetune` without --resume to start one" if record.is_file() else
+                 f"`rlinf-embodied sft-rl` with the same config (nor has the SFT stage run: no {record})")
         raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run {start}.")
     ckpt = latest_loadable_checkpoint(rl_dir, warn=log)
     if ckpt is None:
