@@ -85,6 +85,10 @@ class _LiberoFamily(EnvFamily):
                 ("--env libero needs --suite" if req.suite is None else f"Unknown LIBERO suite {req.suite!r}")
                 + f"; valid suites: {', '.join(LIBERO_SUITES)} (e.g. --suite libero_spatial)."
             )
+        if req.task is not None:
+            raise EvalError(f"--env libero evaluates the tasks of --suite {req.suite}; select them "
+                            f"by id with --tasks (e.g. --tasks 0,3; `rlinf-embodied envs list` "
+                            f"lists them), not --task {req.task}.")
         from rlinf_embodied.envs.libero import libero_init_states, libero_tasks
 
         root = req.env_overrides.get("libero_root")

@@ -146,6 +146,9 @@ def check_request(req: EvalRequest) -> None:
         raise EvalError(f"--video must be one of {', '.join(VIDEO_MODES)} (got {req.video!r}).")
     if req.num_envs < 1:
         raise EvalError(f"--num-envs must be >= 1 (got {req.num_envs}).")
+    if req.num_processes is not None and req.num_processes < 0:
+        raise EvalError(f"--num-processes must be >= 0 (got {req.num_processes}; 0 runs the envs "
+                        "in this process, leave it out for min(--num-envs, CPU count)).")
     if req.device is not None:
         _check_device(req.device)
     _check_writable(Path(req.output))

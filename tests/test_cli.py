@@ -130,6 +130,12 @@ def test_config_show_rejects_what_train_would_reject_later():
          "expected a mapping, got [1] (list)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env=[1]"],
          "expected a mapping (a config section), got [1] (list)"),
+        # a plain value for a whole section: OmegaConf says "Merge error: int is not a
+        # subclass of TrainerConfig"
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer=1"],
+         "Config key 'trainer' is a section, not a value (got '1' in"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env=foo"],
+         "set its fields one by one, env.<field>=value; env.type=... picks its kind."),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
          "is longer than an episode (env.max_episode_steps=50)"),
         # whole GRPO groups, checked before any placement is known (placement=auto)
@@ -378,6 +384,11 @@ def test_eval_of_truncated_checkpoint_is_one_line(tmp_path):
 def test_eval_libero_without_suite_names_the_fix():
     r = runner.invoke(app, ["eval", "--env", "libero", "--policy", "random"])
     assert r.exit_code == 2 and "--env libero needs --suite" in r.output, r.output
+    # LIBERO's tasks are ids of the suite: an env id given with --task is refused, not ignored
+    r = runner.invoke(app, ["eval", "--env", "libero", "--suite", "libero_spatial", "--task",
+                            "PushCube-v1", "--policy", "random"])
+    assert r.exit_code == 2 and "select them by id with --tasks" in r.output, r.output
+    assert "not --task PushCube-v1" in r.output
 
 
 def test_continue_hint_is_a_command_that_exists(monkeypatch):
@@ -625,6 +636,9 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
         assert r.exit_code == 2 and "this machine has 0 CUDA device(s)" in r.output, r.output
     r = runner.invoke(app, [*base, "--image-size", "-5"])
     assert r.exit_code == 2 and "--image-size must be >= 1 pixel (got -5)" in r.output, r.output
+    r = runner.invoke(app, [*base, "--num-processes", "-1"])
+    assert r.exit_code == 2 and "--num-processes must be >= 0 (got -1;" in r.output, r.output
+    assert "env.num_processes" not in r.output
     assert not (tmp_path / "r.json").exists()
     from rlinf_embodied.eval.cli import parse_tasks
 

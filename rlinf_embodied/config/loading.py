@@ -261,9 +261,11 @@ def load_config(
 
 def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, schema: type,
                         source: str) -> Optional[ConfigError]:
-    """The "Wrong type" error for the first override whose value is a mapping or a list where
-    the field holds something else, which OmegaConf reports only as
-    "Cannot merge incompatible container types"; None when no override is such a one."""
+    """The error for the first override whose shape does not fit its key: a mapping or a list
+    where the field holds something else ("Wrong type"; OmegaConf reports only "Cannot merge
+    incompatible container types") or a plain value for a whole section (``trainer=1``;
+    OmegaConf: "Merge error: int is not a subclass of TrainerConfig"); None when no override
+    is such a one."""
 
     try:
         structured = _schema_for(schema, raw)
@@ -275,6 +277,17 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
         old = OmegaConf.select(raw, key, default=None)
         if old is None:
             old = OmegaConf.select(structured, key, default=None, throw_on_missing=False)
+        section = OmegaConf.select(structured, key, default=None, throw_on_missing=False)
+        cls = getattr(getattr(section, "_metadata", None), "object_type", None)
+        if (new is not None and not isinstance(new, (DictConfig, ListConfig))
+                and isinstance(section, DictConfig) and cls not in (dict, None)):
+            # `trainer=1`: OmegaConf says "Merge error: int is not a subclass of TrainerConfig"
+            fields = sorted(section.keys())
+            variant = f"; {key}.type=... picks its kind" if "type" in fields else ""
+            return ConfigError(
+                f"Config key {key!r} is a section, not a value (got {o.partition('=')[2].strip()!r} "
+                f"in {source}): set its fields one by one, {key}.<field>=value{variant}. Fields of "
+                f"{key}: {', '.join(fields)}.")
         if (new is None or old is None or not isinstance(new, (DictConfig, ListConfig))
                 or value_kind(new) == value_kind(old)):
             continue  # a plain value of the wrong type is reported by _translate
