@@ -83,6 +83,13 @@ class ManiSkillEnvConfig(EnvConfig):
             raise ConfigError(f"env.sensor_size must be >= 1 (got {self.sensor_size}).")
         if self.obs_mode not in ("state", "rgb"):
             raise ConfigError(f"env.obs_mode must be state or rgb (got {self.obs_mode!r}).")
+        if "pd_" not in self.control_mode:
+            # every ManiSkill3 robot's controller names a PD controller (pd_joint_delta_pos,
+            # pd_ee_delta_pose, base_pd_joint_vel_arm_pd_joint_pos, ...): agents/robots/*.py
+            raise ConfigError(
+                f"env.control_mode {self.control_mode!r} is not a ManiSkill3 controller; they are "
+                "named pd_* (e.g. pd_joint_delta_pos, pd_ee_delta_pose; a robot's own list is its "
+                "agent's supported_control_modes).")
         if self.sim_backend not in ("auto", "physx_cpu", "physx_cuda"):
             raise ConfigError(
                 f"env.sim_backend must be auto, physx_cpu or physx_cuda (got {self.sim_backend!r})."

@@ -134,6 +134,8 @@ def test_config_show_rejects_what_train_would_reject_later():
         # subclass of TrainerConfig"
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer=1"],
          "Config key 'trainer' is a section, not a value (got '1' in"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.control_mode=bogus"],
+         "env.control_mode 'bogus' is not a ManiSkill3 controller; they are named pd_*"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env=foo"],
          "set its fields one by one, env.<field>=value; env.type=... picks its kind."),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_steps=51"],
