@@ -13,6 +13,7 @@ This module imports nothing heavy at import time (the commands import their mach
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -112,14 +113,13 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
     stage runs, and (unless ``resume``) refuses a run directory that holds an RL run."""
     _passive_omp()
     from rlinf_embodied.config import ConfigError
-    from rlinf_embodied.sft.pipeline import check_rl_dir_free, load_sft_config, validate_rl_stage
+    from rlinf_embodied.sft.pipeline import check_rl_dir, load_sft_config, validate_rl_stage
 
     try:
         cfg = load_sft_config(config, overrides or [])
         if rl_stage:
-            validate_rl_stage(cfg)
-            if not resume:
-                check_rl_dir_free(cfg, _finetune_command(config, overrides, True))
+            job = validate_rl_stage(cfg)
+            check_rl_dir(Path(job.run.run_dir()), resume, _finetune_command(config, overrides))
         return cfg
     except ConfigError as e:
         _fail(str(e))

@@ -32,7 +32,7 @@ from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
 from rlinf_embodied.sft.summary import stage_costs, summarize
 
-__all__ = ["check_rl_dir_free", "check_sft_evaluation", "load_sft_config", "resume_checkpoint",
+__all__ = ["check_rl_dir", "check_sft_evaluation", "load_sft_config", "resume_checkpoint",
            "run_demos", "run_rl", "run_sft", "run_sft_rl", "stage_costs", "summarize",
            "validate_rl_stage", "VLA_TYPES"]
 
@@ -148,28 +148,36 @@ def check_sft_evaluation(cfg: SFTJobConfig) -> None:
             "re-run `rlinf-embodied sft` with these settings first.")
 
 
-def check_rl_dir_free(cfg: SFTJobConfig, resume_command: str | None = None) -> None:
+def check_rl_dir(rl_dir: Path, resume: bool = False, command: str | None = None) -> None:
     """Refuse to start an RL stage in a run directory that already holds an RL run (its
     metrics and checkpoints would be mixed with the new run's, and ``best`` could be the old
-    run's policy).
+    run's policy), or with ``resume`` to continue one where none is.
 
     Args:
-        cfg: the pipeline config.
-        resume_command: the ``finetune ... --resume`` command line to name (default: generic).
+        rl_dir: the pipeline's RL run directory (``<run.dir>/rl``).
+        resume: check for ``finetune --resume`` (an RL run must be there) instead.
+        command: the pipeline's ``finetune`` command line without ``--resume``, to name in
+            the fixes (default: generic ones).
 
     Raises:
         rlinf_embodied.config.ConfigError: naming the directory and the fixes.
     """
     from rlinf_embodied.checkpoint import list_checkpoints
     from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.sft.gate import RECORD_FILE
 
-    rl = cfg.run_dir() / "rl"
-    if (rl / "metrics.jsonl").is_file() or list_checkpoints(rl):
-        command = resume_command or "rlinf-embodied finetune CONFIG [key=value ...] --resume"
+    command = command or "rlinf-embodied finetune CONFIG [key=value ...]"
+    if resume and not (rl_dir / "config.yaml").is_file():
+        record = rl_dir.parent / "sft" / RECORD_FILE
+        start = (f"`{command}` without --resume to start one" if record.is_file() else
+                 f"`{command.replace(' finetune ', ' sft-rl ', 1)}` (nor has the SFT stage run: "
+                 f"no {record})")
+        raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run {start}.")
+    if not resume and ((rl_dir / "metrics.jsonl").is_file() or list_checkpoints(rl_dir)):
         raise ConfigError(
-            f"{rl} already holds an RL run; `{command}` continues it and writes the final "
-            f"evaluation and summary, or delete it (or set run.dir to a new directory) to start "
-            f"over.")
+            f"{rl_dir} already holds an RL run; `{command} --resume` continues it and writes the "
+            f"final evaluation and summary, or delete it (or set run.dir to a new directory) to "
+            f"start over.")
 
 
 def _recorded(path: Path, suite: bool) -> int:
@@ -463,9 +471,8 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     return job
 
 
-#: RL settings that may change on ``finetune --resume``: those ``train --resume`` allows
-#: (:data:`rlinf_embodied.config.RESUME_SAFE_KEYS`) and where the run lives (the pipeline sets
-#: ``run.dir`` itself); others are warned about, and ``policy.*`` refused.
+#: RL settings ``finetune --resume`` may change: ``train --resume``'s (``RESUME_SAFE_KEYS``) and
+#: where the run lives (the pipeline sets ``run.dir``); others are warned of, ``policy.*`` refused.
 _RESUME_SAFE = ("run.name", "run.dir", "run.output_dir")
 
 
@@ -481,13 +488,7 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
     from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
-    if not (rl_dir / "config.yaml").is_file():
-        from rlinf_embodied.sft.gate import RECORD_FILE
-
-        record = rl_dir.parent / "sft" / RECORD_FILE
-        start = ("`rlinf-embodied finetune` without --resume to start one" if record.is_file() else
-                 f"`rlinf-embodied sft-rl` with the same config (nor has the SFT stage run: no {record})")
-        raise ConfigError(f"--resume: {rl_dir} holds no RL run to continue; run {start}.")
+    check_rl_dir(rl_dir, resume=True)
     ckpt = latest_loadable_checkpoint(rl_dir, warn=log)
     if ckpt is None:
         raise ConfigError(f"--resume: no complete checkpoint in {rl_dir / 'checkpoints'} (the RL "

@@ -479,7 +479,9 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     # nothing to resume elsewhere; a policy that is not the run's cannot go on from its weights
     r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={tmp_path / 'other'}", "--resume"])
     assert r.exit_code == 2 and "holds no RL run to continue" in r.output, r.output
-    assert "nor has the SFT stage run" in " ".join(r.output.split()), r.output  # where to start
+    out = " ".join(r.output.split())
+    assert "nor has the SFT stage run" in out, r.output  # where to start, as a whole command
+    assert f"`rlinf-embodied sft-rl {CONFIG} run.dir={tmp_path / 'other'}`" in out, out
     r = CliRunner().invoke(app, [*args, "rl.overrides=['policy.hidden_sizes=[32,32]']", "--resume"])
     out = " ".join(r.output.split())
     assert r.exit_code == 2 and "policy.hidden_sizes: [256, 256, 256] -> [32, 32]" in out, out
