@@ -187,7 +187,8 @@ def test_out_of_range_values_are_refused(override, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included():
+def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included(tmp_path, monkeypatch):
+    cwd = Path.cwd()
     from rlinf_embodied.sft.pipeline import load_sft_config
 
     with pytest.raises(ConfigError) as e:
@@ -197,6 +198,14 @@ def test_missing_config_names_the_closest_shipped_one_sft_pipelines_included():
     with pytest.raises(ConfigError) as e:
         load_config("maniskill_pushcube_ppo_mpl")
     assert str(e.value).endswith("Did you mean configs/maniskill_pushcube_ppo_mlp.yaml?")
+    # from another directory, configs/... would not be there: the shipped config's name is
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config("./configs/maniskill_pushcube_ppo_mlp.yaml")
+    assert str(e.value).endswith("Did you mean maniskill_pushcube_ppo_mlp (the shipped "
+                                 "configs/maniskill_pushcube_ppo_mlp.yaml; its name alone works "
+                                 "from any directory)?"), str(e.value)
+    monkeypatch.chdir(cwd)
     with pytest.raises(ConfigError) as e:  # nothing close: every shipped name, SFT ones too
         load_config("nothing_like_it")
     msg = str(e.value)

@@ -88,8 +88,11 @@ def _missing_config_message(p: Path) -> str:
     asked = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
     close = difflib.get_close_matches(asked.with_suffix("").as_posix(), names, n=1, cutoff=0.6)
     where = f"Config file not found: {p} (absolute: {p.resolve()})."
-    if close:
+    if close and Path("configs", f"{close[0]}.yaml").is_file():  # the checkout's own, from its root
         return f"{where} Did you mean configs/{close[0]}.yaml?"
+    if close:  # elsewhere the shipped config's name is what resolves
+        return (f"{where} Did you mean {Path(close[0]).name} (the shipped "
+                f"configs/{close[0]}.yaml; its name alone works from any directory)?")
     return (f"{where} Shipped configs (a name alone works too, from any directory: "
             f"maniskill_pushcube_ppo_mlp, maniskill_lang3_sft_rl_oft): {', '.join(names)}.")
 
