@@ -134,6 +134,11 @@ def test_config_show_rejects_what_train_would_reject_later():
         # subclass of TrainerConfig"
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer=1"],
          "Config key 'trainer' is a section, not a value (got '1' in"),
+        # the actor looked these up only at its first update, after Ray and a rollout
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "algorithm.loss=dpo"],
+         "Unknown loss 'dpo'. Did you mean 'ppo'? Valid loss names: ppo, ppo_token. Set algorithm.loss"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "algorithm.advantage=gea"],
+         "Unknown advantage 'gea'. Did you mean 'gae'?"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.control_mode=bogus"],
          "env.control_mode 'bogus' is not a ManiSkill3 controller; they are named pd_*"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env=foo"],

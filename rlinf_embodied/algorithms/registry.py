@@ -66,8 +66,12 @@ class _Registry:
             ValueError: for an unknown name; the message lists the valid ones.
         """
         if name not in self._fns:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), self.names(), n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"Unknown {self.kind} {name!r}. Valid {self.kind} names: "
+                f"Unknown {self.kind} {name!r}.{hint} Valid {self.kind} names: "
                 f"{', '.join(self.names())}. Set {self.config_key} to one of them."
             )
         return self._fns[name]

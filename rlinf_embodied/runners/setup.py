@@ -42,7 +42,8 @@ def group_ranks(plan, num_devices: int) -> dict:
 def validate_job(cfg: JobConfig) -> None:
     """Checks that need no cluster, run before anything is started or written (``train`` and
     ``config show`` both run them): the env exists (``env.check_available()``), the envs form
-    whole GRPO groups, no KL coefficient (there is no reference policy), a ``cnn`` policy's
+    whole GRPO groups, ``algorithm.advantage`` / ``algorithm.loss`` are registered names, no
+    KL coefficient (there is no reference policy), a ``cnn`` policy's
     conv stack fits the env's images (:func:`check_image_policy`), wandb importable when
     enabled, the placement exists and parses, and the env sharding and the minibatch count fit
     it when every group's devices are explicit.
@@ -63,6 +64,13 @@ def validate_job(cfg: JobConfig) -> None:
             f"take a KL penalty to; set algorithm.kl_coef=0 (algorithm.target_kl and the clip "
             f"ratios limit the update)."
         )
+    from rlinf_embodied.algorithms import get_advantage, get_loss
+
+    for get, name in ((get_advantage, cfg.algorithm.advantage), (get_loss, cfg.algorithm.loss)):
+        try:  # the actor looks them up only at its first update, after Ray and a rollout
+            get(name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     check_image_policy(cfg)
     if cfg.logging.wandb:
         import importlib.util
