@@ -172,7 +172,22 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         print(f"eval: warning: --env-override {key}={value!r} differs from the policy's run "
               f"({key}={run_env[key]!r} in {run_cfg}): the policy was trained with the run's "
               "setting.", file=sys.stderr)
-    env = (req.env_factory or make_env)(env_cfg)
+    def build(cfg):
+        if req.env_factory is not None:  # the caller's own (tests): its errors are its own
+            return req.env_factory(cfg)
+        try:
+            return make_env(cfg)
+        except Exception as e:  # noqa: BLE001 - built in this process (--num-processes 0): the
+            # simulator's own error (an AssertionError for a control mode), as a pool worker says it
+            from rlinf_embodied.config import ConfigError
+            from rlinf_embodied.envs.base import EnvError
+
+            if isinstance(e, (EnvError, ConfigError)):
+                raise
+            raise EnvError(f"building the envs in this process failed: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())}") from e
+
+    env = build(env_cfg)
     if limit is not None and env.max_episode_steps != limit:
         # The run's own env.max_episode_steps where it differs from the env's registered limit
         # (recorded: the protocol id gets +max_steps); an equal one leaves the protocol as it
@@ -181,7 +196,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         protocol = protocol.with_overrides(max_steps=limit)
         family.protocol = protocol
         env_cfg = family.env_config(num_envs, num_processes, obs_mode, pending[:num_envs])
-        env = (req.env_factory or make_env)(env_cfg)
+        env = build(env_cfg)
     try:
         if not env.max_episode_steps:
             raise EvalError(

@@ -230,6 +230,10 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
 
     run_dir = Path(resume)
+    if run_dir.is_file():
+        raise ConfigError(f"--resume {resume} is a file; pass the run directory printed at the "
+                          f"start of the run (it holds config.yaml and checkpoints/), e.g. "
+                          f"{run_dir.parent if run_dir.parent != Path('.') else 'runs/<name>'}.")
     if not run_dir.is_dir():
         raise ConfigError(f"--resume {resume}: no such directory (a run stopped before its first "
                           f"iteration leaves none); start the job again without --resume.")

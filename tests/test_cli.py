@@ -627,6 +627,37 @@ def test_sft_pipelines_given_to_train_or_plan_and_rl_keys_given_to_a_pipeline_sa
     assert r.exit_code == 2 and "is a placement layout" in r.output and "placement=collocated" in r.output
     r = runner.invoke(app, ["config", "show", f"{tmp_path}/maniskill_pushcube_ppo_mlp.yaml"])
     assert r.exit_code == 2 and "Config file not found" in r.output, r.output
+    # an evaluation results file where a job config or a run directory belongs
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"format": "rlinf-embodied-eval/1", "header": {}, "episodes": []}))
+    for args, words in ((["config", "show", str(res)], "is an evaluation results file, not a job config"),
+                        (["train", str(res)], "is an evaluation results file, not a job config"),
+                        (["train", "--resume", str(res)], f"--resume {res} is a file; pass the run directory")):
+        r = runner.invoke(app, args)
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and words in out and "Unknown config key" not in out, out
+    # a placement= file that is not YAML, or not a mapping, is one line (it was a traceback,
+    # or "not found" for a file that exists)
+    (tmp_path / "bad.yaml").write_text("groups: [a\n  b: {")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "pc.png").write_bytes(b"\x89PNG")
+    for name, words in (("bad.yaml", "not valid YAML (did not find expected ',' or ']' at line 2"),
+                        ("list.yaml", "not a placement (a mapping with a groups: section)"),
+                        ("pc.png", "is a .png file, not a placement YAML (.yaml)")):
+        r = runner.invoke(app, ["config", "show", "gym_pointreach_ppo_mlp", f"placement={tmp_path / name}"])
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and words in out and "Traceback" not in out, out
+
+
+def test_eval_of_envs_built_in_process_that_fail_is_one_line(tmp_path):
+    # --num-processes 0 builds the envs here: ManiSkill's AssertionError was a 91-line traceback
+    r = runner.invoke(app, ["eval", "--env", "maniskill", "--task", "PushCube-v1", "--policy",
+                            "random", "--env-override", "control_mode=pd_bogus", "--trials-per-task",
+                            "1", "--num-processes", "0", "-o", str(tmp_path / "r.json")])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "building the envs in this process failed: AssertionError: " \
+        "pd_bogus not in supported modes" in out, out
+    assert "Traceback" not in out and not (tmp_path / "r.json").exists()
 
 
 def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):

@@ -119,6 +119,10 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
         raise ConfigError(f"Config file {p} is not valid YAML: {one_line(e)}{at}.") from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"Config file {p} must hold a mapping at the top level.")
+    if str(cfg.get("format", "")).startswith("rlinf-embodied-eval/"):  # eval/results.py FORMAT
+        raise ConfigError(f"{p} is an evaluation results file, not a job config; `rlinf-embodied "
+                          f"eval compare {p} OTHER.json` compares it, a job is a YAML such as "
+                          "maniskill_pushcube_ppo_mlp.")
     if not cfg:
         raise ConfigError(
             f"Config file {p} is empty; start from a shipped job (e.g. "

@@ -23,6 +23,9 @@ def resolve_placement(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
+    if p.is_file():
+        raise ConfigError(f"placement {name!r} is a {p.suffix or 'suffix-less'} file, not a "
+                          "placement YAML (.yaml); name one or a shipped placement.")
     from rlinf_embodied.configs import ROOT as CONFIG_ROOT
 
     for root in (Path.cwd() / "configs", CONFIG_ROOT):

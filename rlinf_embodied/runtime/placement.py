@@ -77,10 +77,25 @@ class PlacementPlan:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "PlacementPlan":
-        """Load a placement YAML file (see the module docstring for its shape)."""
-        from omegaconf import OmegaConf
+        """Load a placement YAML file (see the module docstring for its shape).
 
-        return cls.from_dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+        Raises:
+            PlacementError: the file is not valid YAML, not a mapping, or not a placement.
+        """
+        from omegaconf import DictConfig, OmegaConf
+
+        try:
+            raw = OmegaConf.load(path)
+        except Exception as e:  # noqa: BLE001 - yaml.YAMLError and friends
+            mark = getattr(e, "problem_mark", None)
+            why = getattr(e, "problem", None) or type(e).__name__
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise PlacementError(f"not valid YAML ({why}{at}); fix the file or name a shipped "
+                                 "placement") from None
+        if not isinstance(raw, DictConfig):
+            raise PlacementError("not a placement (a mapping with a groups: section); see "
+                                 "configs/placement/*.yaml")
+        return cls.from_dict(OmegaConf.to_container(raw, resolve=True))
 
     # ---- queries ---------------------------------------------------------------------------
 
