@@ -97,7 +97,7 @@ def _one_line_config_warnings() -> None:
 
 @config_app.command("show")
 def config_show(
-    config: str = typer.Argument(..., help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml"),
+    config: str = typer.Argument(..., help="Job YAML path, or a shipped config's name from any directory (e.g. maniskill_pushcube_ppo_mlp)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     rl_stage: bool = typer.Option(
         False, "--rl-stage", help="For an SFT pipeline YAML: print the job its RL stage runs "
@@ -346,7 +346,7 @@ def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
 @app.command()
 def train(
     config: Optional[str] = typer.Argument(
-        None, help="Job YAML, e.g. configs/maniskill_pushcube_ppo_mlp.yaml (omit with --resume)"
+        None, help="Job YAML path, or a shipped config's name from any directory (e.g. maniskill_pushcube_ppo_mlp; omit with --resume)"
     ),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     resume: Optional[str] = typer.Option(
@@ -454,7 +454,7 @@ def train(
 
 @app.command()
 def plan(
-    config: str = typer.Argument(..., help="Job YAML"),
+    config: str = typer.Argument(..., help="Job YAML path, or a shipped config's name (e.g. maniskill_pushcube_ppo_mlp)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
     devices: Optional[int] = typer.Option(None, "--devices", help="Plan for this many devices."),
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),

@@ -674,6 +674,8 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
         assert r.exit_code == 2 and "this machine has 0 CUDA device(s)" in r.output, r.output
     r = runner.invoke(app, [*base, "--image-size", "-5"])
     assert r.exit_code == 2 and "--image-size must be >= 1 pixel (got -5)" in r.output, r.output
+    r = runner.invoke(app, [*base[:5], "--policy", "randm", *base[7:]])
+    assert r.exit_code == 2 and "Did you mean 'random'?" in r.output, r.output
     r = runner.invoke(app, [*base, "--num-processes", "-1"])
     assert r.exit_code == 2 and "--num-processes must be >= 0 (got -1;" in r.output, r.output
     assert "env.num_processes" not in r.output
