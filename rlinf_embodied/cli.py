@@ -232,8 +232,7 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     run_dir = Path(resume)
     if run_dir.is_file():
         raise ConfigError(f"--resume {resume} is a file; pass the run directory printed at the "
-                          f"start of the run (it holds config.yaml and checkpoints/), e.g. "
-                          f"{run_dir.parent if run_dir.parent != Path('.') else 'runs/<name>'}.")
+                          "start of the run (runs/<name>, holding config.yaml and checkpoints/).")
     if not run_dir.is_dir():
         raise ConfigError(f"--resume {resume}: no such directory (a run stopped before its first "
                           f"iteration leaves none); start the job again without --resume.")
@@ -264,8 +263,11 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             ("trainer.pipeline_stages",) if given.placement == "auto" else ())
         diff = config_diff(given, cfg, skip)
         if diff:
+            diff.sort(key=lambda d: not d.split(":")[0].endswith(".type"))  # variants first
+            shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
             raise ConfigError(
-                f"{config} is not the config of run {run_dir} (differs in {'; '.join(diff)}); "
+                f"{config} is not the config of run {run_dir} ({len(diff)} setting(s) differ, "
+                f"given -> the run's: {shown}); "
                 f"resume with `train --resume {run_dir} [key=value ...]` (the run's own "
                 f"config.yaml plus overrides), or drop --resume to start a new run."
             )

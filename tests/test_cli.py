@@ -134,6 +134,8 @@ def test_config_show_rejects_what_train_would_reject_later():
         # subclass of TrainerConfig"
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer=1"],
          "Config key 'trainer' is a section, not a value (got '1' in"),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "cluster.address=bogus"],
+         "cluster.address 'bogus' is not auto, HOST:PORT or ray://HOST:PORT"),
         # the actor looked these up only at its first update, after Ray and a rollout
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "algorithm.loss=dpo"],
          "Unknown loss 'dpo'. Did you mean 'ppo'? Valid loss names: ppo, ppo_token. Set algorithm.loss"),
@@ -349,7 +351,9 @@ def test_resume_with_another_config_is_an_error(tmp_path):
     run = _fake_run(tmp_path, [30])
     other = str(ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml")
     r = runner.invoke(app, ["train", other, "--resume", str(run)])
-    assert r.exit_code == 2 and "is not the config of run" in r.output and "env.type" in r.output
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "is not the config of run" in out and "given -> the run's: env.type" in out, out
+    assert "more);" in out  # the first 6 differences, then a count
     # another seed is another experiment: listed too
     from omegaconf import OmegaConf
 

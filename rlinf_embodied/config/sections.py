@@ -74,6 +74,13 @@ class ClusterConfig:
             raise ConfigError(f"cluster.num_cpus must be >= 1 or null (got {self.num_cpus}).")
         if self.num_cpu_devices < 1:
             raise ConfigError(f"cluster.num_cpu_devices must be >= 1 (got {self.num_cpu_devices}).")
+        if self.address is not None and self.address != "auto":
+            host, _, port = self.address.removeprefix("ray://").rpartition(":")
+            if not (host and port.isdigit()):  # Ray's own error: "Invalid address format"
+                raise ConfigError(
+                    f"cluster.address {self.address!r} is not auto, HOST:PORT or ray://HOST:PORT "
+                    "(e.g. cluster.address=10.0.0.1:6379, the port of the head's `ray start "
+                    "--head --port`); leave it null for a Ray of this process.")
 
 
 @dataclass

@@ -110,7 +110,8 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
           resume: bool = False):
     """The pipeline config; with ``rl_stage`` also resolves and validates the RL stage's job
     (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
-    stage runs, and (unless ``resume``) refuses a run directory that holds an RL run."""
+    stage runs, and refuses a run directory that holds an RL run (with ``resume``: one that
+    holds none, :func:`~rlinf_embodied.sft.pipeline.check_rl_dir`)."""
     _passive_omp()
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.pipeline import check_rl_dir, load_sft_config, validate_rl_stage
