@@ -138,7 +138,7 @@ def test_config_show_rejects_what_train_would_reject_later():
          "cluster.address 'bogus' is not auto, HOST:PORT or ray://HOST:PORT"),
         # the actor looked these up only at its first update, after Ray and a rollout
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "algorithm.loss=dpo"],
-         "Unknown loss 'dpo'. Did you mean 'ppo'? Valid loss names: ppo, ppo_token. Set algorithm.loss"),
+         "Unknown loss 'dpo'. Did you mean 'ppo'? Valid loss names: ppo, ppo_token"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "algorithm.advantage=gea"],
          "Unknown advantage 'gea'. Did you mean 'gae'?"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.control_mode=bogus"],
