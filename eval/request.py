@@ -374,11 +374,10 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
 
             if (not run_env and req.policy != "random" and ":" not in req.policy
                     and not Path(req.policy).exists()):
-                import difflib
+                from rlinf_embodied.config.errors import suggest
 
-                hint = (" Did you mean 'random'?"
-                        if difflib.get_close_matches(req.policy, ["random"], cutoff=0.7) else "")
-                raise EvalError(f"--policy {req.policy}: no such file or directory.{hint} (Give a "
+                raise EvalError(f"--policy {req.policy}: no such file or directory"
+                                f"{suggest(req.policy, ['random']) or '.'} (Give a "
                                 "training run, a checkpoint, a published model directory, "
                                 "random or module:function).")
             pipeline = Path(req.policy)

@@ -446,12 +446,11 @@ def resolve_policy(source: str, ctx: PolicyContext,
         return _load_checkpoint(path, source, ctx, expected_type, checkpoint)
     if ":" in source and not source.startswith((".", "/", "~")):
         return _load_callable(source, ctx)
-    import difflib
+    from rlinf_embodied.config.errors import suggest
 
-    hint = (" Did you mean 'random'?" if difflib.get_close_matches(source, ["random"], cutoff=0.7)
-            else "")
     raise PolicySourceError(
-        f"--policy {source}: no such file or directory (absolute: {path.resolve()}).{hint} SOURCE is a "
+        f"--policy {source}: no such file or directory (absolute: {path.resolve()})"
+        f"{suggest(source, ['random']) or '.'} SOURCE is a "
         "training run or checkpoint directory, a published OpenVLA/OFT directory, 'random', or "
         "module:function."
     )

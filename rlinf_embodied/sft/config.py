@@ -253,7 +253,7 @@ def check_no_rl_stage_keys(overrides: list, sections: set) -> None:
     Raises:
         rlinf_embodied.config.ConfigError: naming the ``rl.overrides=[...]`` spelling.
     """
-    from rlinf_embodied.config import ConfigError, JobConfig
+    from rlinf_embodied.config import JobConfig
 
     rl_only = {f.name for f in dataclasses.fields(JobConfig)} - set(sections)  # the RL stage's
     for item in overrides:
