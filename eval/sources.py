@@ -132,6 +132,22 @@ class LoadedPolicy:
         return h
 
 
+def _results_policy(path: Path) -> Optional[str]:
+    """The ``--policy`` an eval results file at ``path`` records, or None if it is not one."""
+    from rlinf_embodied.eval.results import FORMAT
+
+    if path.suffix != ".json":
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    policy = (data.get("header") or {}).get("policy") or {}
+    return str(policy.get("source") or "SOURCE")
+
+
 def _random_policy(ctx: PolicyContext) -> Callable[..., np.ndarray]:
     """Uniform actions (N, 1, A) over the env's bounds (infinite bounds read as +-1).
 
@@ -437,6 +453,12 @@ def resolve_policy(source: str, ctx: PolicyContext,
                             batch_invariant=ctx.batch_invariant)
     if path.exists():
         if not path.is_dir():
+            evaluated = _results_policy(path)
+            if evaluated is not None:
+                raise PolicySourceError(
+                    f"--policy {source} is an eval results file, not a policy; pass the policy "
+                    f"it evaluated (--policy {evaluated}) or compare results with `rlinf-embodied "
+                    "eval compare`.")
             raise PolicySourceError(
                 f"--policy {source} is a file; pass its directory (a checkpoint directory, a "
                 "training run directory or a published OpenVLA/OFT directory)."

@@ -68,7 +68,9 @@ class _Registry:
         if name not in self._fns:
             import difflib
 
-            close = difflib.get_close_matches(str(name), self.names(), n=1, cutoff=0.5)
+            lower = {n.lower(): n for n in self.names()}
+            close = ([lower[str(name).lower()]] if str(name).lower() in lower else
+                     difflib.get_close_matches(str(name), self.names(), n=1, cutoff=0.5))
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
                 f"Unknown {self.kind} {name!r}.{hint} Valid {self.kind} names: "

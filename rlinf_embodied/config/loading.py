@@ -183,6 +183,23 @@ def _valid_keys(schema: DictConfig, full_key: str) -> List[str]:
     return list(node.keys()) if isinstance(node, DictConfig) else []
 
 
+def _variants_with_field(section: str, field: str) -> List[str]:
+    """The registered types of a variant section (env, policy) whose config has ``field``."""
+    from rlinf_embodied.config.components import type_names
+
+    if section not in SECTIONS:
+        return []
+    owners = []
+    for name in type_names(section):
+        try:
+            cls = config_class(section, name)
+        except Exception:  # noqa: BLE001 - an optional dependency missing: no hint from it
+            continue
+        if dataclasses.is_dataclass(cls) and field in {f.name for f in dataclasses.fields(cls)}:
+            owners.append(name)
+    return owners
+
+
 def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or ""
     if isinstance(e, ConfigKeyError) and key:
@@ -194,6 +211,11 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         name, colon, _ = leaf.partition(":")
         if colon and name in valid:  # {lr:1e-3}: YAML reads one key "lr:1e-3" without the space
             hint = f" (YAML needs a space after the colon: {{{name}: ...}})."
+        owners = _variants_with_field(section, leaf)
+        if owners:  # env.control_mode on a gym env: a field of another kind
+            current = OmegaConf.select(schema, f"{section}.type", default=None)
+            hint = (f" ({key} is a field of {section}.type={' / '.join(owners)}; this config's "
+                    f"{section}.type is {current}).")
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."

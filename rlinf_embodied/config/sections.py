@@ -81,6 +81,10 @@ class ClusterConfig:
                     f"cluster.address {self.address!r} is not auto, HOST:PORT or ray://HOST:PORT "
                     "(e.g. cluster.address=10.0.0.1:6379, the port of the head's `ray start "
                     "--head --port`); leave it null for a Ray of this process.")
+            if not 1 <= int(port) <= 65535:
+                raise ConfigError(
+                    f"cluster.address {self.address!r}: port {int(port)} is outside 1-65535; "
+                    "give the port of the head's `ray start --head --port` (default 6379).")
 
 
 @dataclass

@@ -23,6 +23,9 @@ def resolve_placement(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
+    if p.is_dir():
+        raise ConfigError(f"placement {name!r} is a directory; name a placement YAML file in it "
+                          "or a shipped placement.")
     if p.is_file():
         raise ConfigError(f"placement {name!r} is a {p.suffix or 'suffix-less'} file, not a "
                           "placement YAML (.yaml); name one or a shipped placement.")
@@ -32,8 +35,11 @@ def resolve_placement(name: str) -> Path:
         cand = root / "placement" / f"{name}.yaml"
         if cand.exists():
             return cand
+    from rlinf_embodied.config.errors import suggest
+
     shipped = sorted(x.stem for x in (CONFIG_ROOT / "placement").glob("*.yaml"))
-    raise ConfigError(f"placement {name!r} not found; use a YAML path or one of {shipped} (or auto).")
+    raise ConfigError(f"placement {name!r} not found; use a YAML path or one of {shipped} (or "
+                      f"auto){suggest(name, shipped + ['auto']) or '.'}")
 
 
 def group_ranks(plan, num_devices: int) -> dict:

@@ -77,3 +77,19 @@ def test_run_directory_resolves_latest_checkpoint(tmp_path):
         resolve_policy("random", _ctx(), checkpoint="best")
     with pytest.raises(PolicySourceError, match="must be one of latest, best"):
         resolve_policy(str(tmp_path / "run"), _ctx(), checkpoint="newest")
+
+
+def test_a_file_as_policy_names_what_to_pass(tmp_path):
+    import json
+
+    from rlinf_embodied.eval.results import FORMAT
+
+    results = tmp_path / "sft.json"
+    results.write_text(json.dumps({"format": FORMAT, "header": {"policy": {"source": "runs/a"}}}))
+    with pytest.raises(PolicySourceError, match=r"is an eval results file, not a policy; pass the "
+                                                r"policy it evaluated \(--policy runs/a\)"):
+        resolve_policy(str(results), _ctx())
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    with pytest.raises(PolicySourceError, match="is a file; pass its directory"):
+        resolve_policy(str(other), _ctx())
