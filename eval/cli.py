@@ -163,6 +163,8 @@ def eval_command(
     """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
     if ctx.invoked_subcommand is not None:
         return
+    if env is None and task and task.partition("/")[0] in ("gym", "maniskill"):
+        env = task.partition("/")[0]  # the `envs list` id names its env (maniskill/PushCube-v1)
     if policy is None:  # without --env too: a training run given as --policy names its env
         if env is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes

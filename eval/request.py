@@ -187,6 +187,9 @@ def _check_writable(output: Path) -> None:
     if output.is_dir():
         raise EvalError(f"--output {output} is a folder; pass the results file's path, e.g. "
                         f"--output {output / 'results.json'}.")
+    if output.suffix.lower() != ".json":  # its reports (.md, .png, .html) are named after it
+        raise EvalError(f"--output {output}: the results file is JSON; name a .json file, e.g. "
+                        f"--output {output.with_suffix('.json')}.")
     why = unwritable(output.parent)
     if why:
         raise EvalError(f"Cannot write the results file {output} ({why}); pass --output PATH in "

@@ -700,8 +700,8 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
     with pytest.raises(ValueError, match="the range 2-1 is reversed; write 1-2"):
         parse_tasks("2-1")
     assert parse_tasks(" 1 , 2-3 ") == [1, 2, 3]
-    # the id as `envs list` writes it (gym/<gymnasium id>) is the gymnasium id
-    r = runner.invoke(app, ["eval", "--env", "gym", "--task", "gym/toy/PointReach-v0", "--policy",
+    # the id as `envs list` writes it (gym/<gymnasium id>) is the gymnasium id, and names --env
+    r = runner.invoke(app, ["eval", "--task", "gym/toy/PointReach-v0", "--policy",
                             "random", "--trials-per-task", "1", "--no-report", "-o", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "r.json").read_text())["header"]["env_id"] == "toy/PointReach-v0"

@@ -163,6 +163,9 @@ def test_a_run_is_evaluated_with_the_env_settings_it_trained_with(tmp_path, caps
         evaluate(EvalRequest(output=str(tmp_path / "k.json"), env_overrides={"kwarg": {}}, **req))
     with pytest.raises(EvalError, match="--output .* is a folder; pass the results file's path"):
         evaluate(EvalRequest(**{**req, "output": str(tmp_path)}))
+    with pytest.raises(EvalError, match=r"the results file is JSON; name a .json file, e.g. "
+                                        r"--output .*r\.json"):
+        evaluate(EvalRequest(**{**req, "output": str(tmp_path / "r.txt")}))
 
     seen = []
 
