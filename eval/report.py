@@ -380,15 +380,19 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
                 f"{', '.join(diff) or 'none listed'}"
                 + (f" (policy_mode {ma} vs {mb})" if ma != mb else "")
             )
-    for key in ("env", "suite", "env_id"):
-        if a.header.get(key) != b.header.get(key):
-            problems.append(f"different {key}: {a.header.get(key)!r} vs {b.header.get(key)!r}")
+    other_task = [k for k in ("env", "suite", "env_id") if a.header.get(k) != b.header.get(k)]
+    for key in other_task:
+        problems.append(f"different {key}: {a.header.get(key)!r} vs {b.header.get(key)!r}")
     task_diffs, setup_diffs = env_config_differences(a.header.get("env_config"), b.header.get("env_config"))
     if task_diffs:
         problems.append("different env settings (the task itself): " + "; ".join(task_diffs))
         advice = ("Success under other env constructor arguments is success at another task; "
                   "re-run one evaluation with the other's --env-override, or pass --force to "
                   "compare anyway.")
+    if other_task:  # another task altogether: no protocol flag makes the trials pair
+        advice = ("The paired test compares two policies on the same trials of the same task; "
+                  "evaluate both with the same --env and --task (or --suite), or pass --force "
+                  "to compare anyway.")
     if problems and not force:
         raise CompareError(
             f"Refusing to compare {a.path} and {b.path}: " + "; ".join(problems) + ". " + advice

@@ -58,6 +58,13 @@ def test_compare_pairs_and_refuses_other_protocols(tmp_path):
     assert compare(a, other, force=True).warnings[0].startswith("forced: different protocols")
     out = runner.invoke(eval_app, ["compare", str(a.path), str(other.path)])
     assert out.exit_code == 2 and "different protocols" in out.output
+    # another suite (and so another protocol): the advice is to evaluate the same task
+    maniskill = _results(tmp_path / "m.json", protocol_id="maniskill_lang3_v1@v1", fp="m",
+                         env="maniskill", suite="maniskill_lang3")
+    with pytest.raises(CompareError, match=r"different env: 'libero' vs 'maniskill'.*evaluate "
+                       r"both with the same --env and --task \(or --suite\)") as e:
+        compare(a, maniskill)
+    assert "--protocol" not in str(e.value)
     # the same protocol with another step limit: the re-run's flag is named, with its value
     short = _results(tmp_path / "s.json", protocol_id="openvla_v1@v1+max_steps", fp="ghi")
     for r, steps in ((a, 220), (short, 40)):
