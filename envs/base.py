@@ -28,6 +28,7 @@ import torch
 
 __all__ = [
     "AutoresetMode",
+    "EnvWarning",
     "ActionSpec",
     "EnvSpec",
     "Transition",
@@ -39,6 +40,12 @@ __all__ = [
 
 #: Observation keys of the contract. Absent keys are absent, not zeros.
 OBS_KEYS = ("states", "main_images", "wrist_images", "task_descriptions")
+
+
+class EnvWarning(UserWarning):
+    """Something about an env's behaviour that a run survives but its results depend on (an
+    episode ended without ``info['success']``); the CLI and the env pool's workers print it as
+    one ``warning: ...`` line."""
 
 
 class EnvError(RuntimeError):

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .base import ActionSpec, EnvSpec, SubBatch, Transition, reset_transition
+from .base import ActionSpec, EnvSpec, EnvWarning, SubBatch, Transition, reset_transition
 from .vector import VectorBatchedEnv
 
 __all__ = ["GymnasiumEnv", "GymSubBatch", "make_gymnasium_env", "register_toy_envs"]
@@ -244,7 +244,8 @@ class GymSubBatch(SubBatch):
             if not reported:  # an episode ended without info["success"]: say so once
                 warnings.warn(
                     f"env {self._env_id} ended an episode without info['success']: success_once "
-                    f"and success_at_end will read 0; return info['success'] (a bool) from step().",
+                    f"and success_at_end will read 0 (mean return still measures it); return "
+                    f"info['success'] (a bool) from step() to count successes.", EnvWarning,
                     stacklevel=2)
         return Transition(
             obs=self._mapper(list(obs)),

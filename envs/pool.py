@@ -177,6 +177,10 @@ def _worker_main(conn, factory: Factory, env_ids: List[int], device: Optional[Wo
     """Body of a pool worker: build the SubBatch here (render contexts included), then serve."""
     os.environ.update(env_vars)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    from rlinf_embodied.config.errors import one_line_warnings
+    from rlinf_embodied.envs.base import EnvWarning
+
+    one_line_warnings((EnvWarning,))  # as the CLI prints them in the parent
     try:
         import torch
 

@@ -182,7 +182,10 @@ def eval_command(
     from rlinf_embodied.eval.request import EvalError, EvalRequest
     from rlinf_embodied.eval.results import ResultsError
     from rlinf_embodied.eval.run import evaluate
-    from rlinf_embodied.envs.base import EnvError
+    from rlinf_embodied.envs.base import EnvError, EnvWarning
+    from rlinf_embodied.config.errors import one_line_warnings
+
+    one_line_warnings((EnvWarning,), lambda text: typer.secho(text, fg=typer.colors.YELLOW, err=True))
 
     def progress(done: int, total: int, ep) -> None:
         status = "ok  " if ep.success else ("ERR " if ep.error else "fail")

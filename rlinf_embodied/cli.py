@@ -76,23 +76,17 @@ def main(
 
 def _one_line_config_warnings() -> None:
     """Print a :class:`~rlinf_embodied.config.ConfigWarning` as one ``warning: ...`` line on
-    stderr (not Python's ``file:line: category`` form); other warnings are left as they are."""
-    import warnings
-
+    stderr (not Python's ``file:line: category`` form); other warnings are left as they are
+    (``eval`` adds the envs' :class:`~rlinf_embodied.envs.base.EnvWarning`)."""
     from rlinf_embodied.config import ConfigWarning
+    from rlinf_embodied.config.errors import one_line_warnings
 
-    show = warnings.showwarning
-    if getattr(show, "_config_one_line", False):
-        return
+    one_line_warnings((ConfigWarning,), _yellow_warning)
 
-    def one_line(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, ConfigWarning):
-            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
-        else:
-            show(message, category, filename, lineno, file, line)
 
-    one_line._config_one_line = True
-    warnings.showwarning = one_line
+def _yellow_warning(text: str) -> None:
+    """Echo a one-line ``warning: ...`` in yellow on stderr."""
+    typer.secho(text, fg=typer.colors.YELLOW, err=True)
 
 
 @config_app.command("show")

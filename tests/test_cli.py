@@ -724,3 +724,16 @@ def test_eval_flags_that_do_not_fit_the_env_or_the_comparison_are_refused(tmp_pa
         r = runner.invoke(app, ["eval", "compare", a, a, "--json", out])
         assert r.exit_code == 2 and message in r.output, r.output
     assert (tmp_path / "a.json").read_text() == before  # the inputs stay as they were
+
+
+def test_an_env_warning_from_a_pool_worker_is_one_line(tmp_path):
+    # CartPole reports no info['success']: the env pool's worker process says so as one
+    # `warning:` line (it printed Python's file:line: UserWarning form and the source line)
+    p = subprocess.run([sys.executable, "-m", "rlinf_embodied.cli", "eval", "--task",
+                        "gym/CartPole-v1", "--policy", "random", "--trials-per-task", "1",
+                        "--num-processes", "1", "--no-report", "-o", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert ("warning: env CartPole-v1 ended an episode without info['success']: success_once "
+            "and success_at_end will read 0 (mean return still measures it)") in p.stderr
+    assert "UserWarning" not in p.stderr and "EnvWarning" not in p.stderr, p.stderr

@@ -4,7 +4,8 @@
 setting that likely does not do what was meant), plus the helpers that word a message: the
 closest valid name (:func:`suggest`), what a value is (:func:`value_kind`), a field's type in
 words (:func:`field_type_name`, :func:`readable_type`) and an exception's gist on one line
-(:func:`one_line`). Every other module of :mod:`rlinf_embodied.config` builds on this one.
+(:func:`one_line`); :func:`one_line_warnings` prints chosen warning categories as one
+``warning: ...`` line. Every other module of :mod:`rlinf_embodied.config` builds on this one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigWarning",
     "field_type_name",
     "one_line",
+    "one_line_warnings",
     "readable_type",
     "suggest",
     "value_kind",
@@ -35,6 +37,27 @@ class ConfigError(ValueError):
 class ConfigWarning(UserWarning):
     """A valid configuration with a setting that likely does not do what was meant (the
     message says why and what to change); the CLI prints it as one ``warning:`` line."""
+
+
+def one_line_warnings(categories: tuple, echo=None) -> None:
+    """Print warnings of ``categories`` as one ``warning: <message>`` line on stderr (through
+    ``echo(text)`` when given), not Python's ``file:line: Category`` form with a source line;
+    other warnings keep Python's form. Installing it again in the same process is a no-op."""
+    import sys
+    import warnings
+
+    show = warnings.showwarning
+    if getattr(show, "_one_line", None) == categories:
+        return
+
+    def shown(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, categories):
+            (echo or (lambda text: print(text, file=sys.stderr, flush=True)))(f"warning: {message}")
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    shown._one_line = categories
+    warnings.showwarning = shown
 
 
 def suggest(word: str, candidates) -> str:

@@ -9,6 +9,7 @@ import torch
 from rlinf_embodied.config import load_config
 from rlinf_embodied.envs.configuration_gym import GymEnvConfig
 from rlinf_embodied.envs import AutoresetMode, EnvError, make_env
+from rlinf_embodied.envs.base import EnvWarning
 
 
 def countdown(num_envs=3, length=3, **fields):
@@ -280,7 +281,7 @@ def test_entry_point_env_id():
 def test_env_without_success_info_warns_once():
     env = make_env(GymEnvConfig(env_id="CartPole-v1", num_envs=2))
     env.reset(seed=0)
-    with pytest.warns(UserWarning, match=r"CartPole-v1 ended an episode without info\['success'\]"):
+    with pytest.warns(EnvWarning, match=r"CartPole-v1 ended an episode without info\['success'\]"):
         for _ in range(200):  # pushing left, the pole falls within ~10 steps
             _, _, te, tr, info = env.step(np.zeros((2, 1)))
             if (te | tr).any():
