@@ -22,12 +22,13 @@ import dataclasses
 import difflib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rlinf_embodied.config import components
 from rlinf_embodied.envs import maniskill_suites as _maniskill_suites
 
-__all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "EnvEntry"]
+__all__ = ["register_env", "register_adapter", "make_env", "describe_envs", "env_ids", "env_entry",
+           "EnvEntry"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ def register_env(id: str, entry_point: str = "", description: str = "", **defaul
 def env_ids() -> List[str]:
     """All registered env ids, sorted."""
     return sorted(_ENVS)
+
+
+def env_entry(id: str) -> Optional[EnvEntry]:
+    """The named env ``id`` as ``envs list`` prints it (``toy/PointReach-v0``), or None."""
+    return _ENVS.get(id)
 
 
 def _unknown(kind: str, name: str, known: List[str], fix: str) -> KeyError:

@@ -163,8 +163,18 @@ def eval_command(
     """Evaluate a policy; every (task, trial) runs once, resumable from --output."""
     if ctx.invoked_subcommand is not None:
         return
-    if env is None and task and task.partition("/")[0] in ("gym", "maniskill"):
-        env = task.partition("/")[0]  # the `envs list` id names its env (maniskill/PushCube-v1)
+    if task:  # an id as `envs list` prints it names its env (maniskill/PushCube-v1, toy/...)
+        from rlinf_embodied.envs.registry import env_entry
+
+        entry, kind = env_entry(task), task.partition("/")[0]
+        named = entry.defaults.get("type") if entry and "env_id" in entry.defaults else None
+        if named and env not in (None, named):
+            _fail(f"--task {task} is a {named} env (`envs list`); pass --env {named} or leave "
+                  "--env out.")
+        if named:
+            env, task = named, entry.defaults["env_id"]
+        elif env is None and kind in ("gym", "maniskill"):
+            env = kind
     if policy is None:  # without --env too: a training run given as --policy names its env
         if env is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes

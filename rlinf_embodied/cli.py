@@ -455,15 +455,19 @@ def plan(
     devices: Optional[int] = typer.Option(None, "--devices", help="Plan for this many devices."),
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Choose placement (temporal / spatial / hybrid) and granularity from profiles."""
+    """Choose placement (temporal / spatial / hybrid) and granularity from profiles.
+
+    With cluster.address=HOST:PORT it attaches to that Ray cluster to list its reserved and
+    preemptible nodes; otherwise it plans for this machine."""
     from rlinf_embodied.config import ConfigError, check_repeated_overrides
     from rlinf_embodied.cli_plan import plan_command
+    from rlinf_embodied.runtime import AttachError
 
     try:
         check_repeated_overrides(overrides or [])
         _refuse_sft_pipeline(config, "plan")
         typer.echo(plan_command(config, devices, json_output, overrides or []))
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, AttachError) as e:
         _fail(str(e))
 
 

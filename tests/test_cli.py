@@ -705,6 +705,16 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
                             "random", "--trials-per-task", "1", "--no-report", "-o", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "r.json").read_text())["header"]["env_id"] == "toy/PointReach-v0"
+    # a named env as `envs list` prints it (toy/PointReach-v0) is a gym env without --env ...
+    r = runner.invoke(app, ["eval", "--task", "toy/PointReach-v0", "--policy", "random",
+                            "--trials-per-task", "1", "--no-report", "-o", str(tmp_path / "n.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "n.json").read_text())["header"]["env"] == "gym"
+    # ... and with another --env it says which (it said "not a registered ManiSkill3 env")
+    r = runner.invoke(app, ["eval", "--env", "maniskill", "--task", "toy/PointReach-v0", "--policy",
+                            "random", "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 2 and ("--task toy/PointReach-v0 is a gym env (`envs list`); pass --env "
+                                 "gym or leave --env out.") in r.output, r.output
 
 
 def test_eval_flags_that_do_not_fit_the_env_or_the_comparison_are_refused(tmp_path):
@@ -737,3 +747,16 @@ def test_an_env_warning_from_a_pool_worker_is_one_line(tmp_path):
     assert ("warning: env CartPole-v1 ended an episode without info['success']: success_once "
             "and success_at_end will read 0 (mean return still measures it)") in p.stderr
     assert "UserWarning" not in p.stderr and "EnvWarning" not in p.stderr, p.stderr
+
+
+def test_plan_with_a_cluster_address_nobody_listens_on_fails_in_one_line():
+    # ray.init retried such an address for good ("Failed to connect to GCS" every 5 s)
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = runner.invoke(app, ["plan", "maniskill_pushcube_ppo_mlp", f"cluster.address=127.0.0.1:{port}"])
+    assert r.exit_code == 2, r.output
+    assert (f"error: cannot reach a Ray cluster at 127.0.0.1:{port} (Connection refused): start "
+            f"its head there (`ray start --head --port {port}` on 127.0.0.1)") in r.output

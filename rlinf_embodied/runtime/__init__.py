@@ -12,7 +12,7 @@ from rlinf_embodied.runtime.calls import (
     wait_all,
 )
 from rlinf_embodied.runtime.channel import Channel, ChannelTimeout
-from rlinf_embodied.runtime.cluster import Cluster
+from rlinf_embodied.runtime.cluster import AttachError, Cluster
 from rlinf_embodied.runtime.device import Device
 from rlinf_embodied.runtime.device_lock import DeviceLock, LockEvent
 from rlinf_embodied.runtime.inflight import flush_puts, release_prefetched
@@ -24,6 +24,7 @@ __all__ = [
     "CallTiming",
     "Channel",
     "ChannelTimeout",
+    "AttachError",
     "Cluster",
     "Device",
     "DeviceLock",

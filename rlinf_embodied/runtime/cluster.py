@@ -58,8 +58,9 @@ class Cluster:
 
     Raises:
         ValueError: If ``num_cpu_devices`` < 1.
-        RuntimeError: If the cluster has no alive reserved node, or attaching failed (the
-            message names the fix, e.g. Ray's token authentication).
+        RuntimeError: If the cluster has no alive reserved node.
+        AttachError: attaching failed: nothing answers at ``address`` or Ray's token
+            authentication refused it (the message names the fix).
     """
 
     def __init__(
@@ -83,13 +84,16 @@ class Cluster:
                 logging.getLogger(_RAY_TOKEN_LOGGER).addFilter(_local_token_notice)
             # "local" always starts a new embedded Ray: without it ray.init attaches to any
             # cluster a `ray start` left running on the machine (another user's, another job's).
+            why = unreachable(address)
+            if why is not None:  # ray.init retries an address nobody listens on for good
+                raise AttachError(why)
             try:
                 ray.init(address=address or "local", **init_kwargs)
             except Exception as exc:  # noqa: BLE001 - say how to attach, not only Ray's words
                 hint = attach_hint(exc, address)
                 if hint is None:
                     raise
-                raise RuntimeError(hint) from exc
+                raise AttachError(hint) from exc
         self.num_cpu_devices = num_cpu_devices
         self.preemptible_resource = preemptible_resource
         self.refresh()
@@ -226,6 +230,30 @@ def raylet_gone(node: dict, timeout: float = 0.2) -> bool:
         return True
     except (OSError, KeyError, ValueError):
         return False
+
+
+class AttachError(RuntimeError):
+    """Attaching to the Ray cluster at an address failed; the message says how to fix it."""
+
+
+def unreachable(address: str | None, timeout_s: float = 5.0) -> str | None:
+    """Why ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) cannot be attached to, found by
+    a TCP connection to its port within ``timeout_s``; None when it answers or is not a
+    host-and-port address (None, ``auto``, ``local``). ``ray.init`` itself keeps retrying an
+    address nobody listens on, logging "Failed to connect to GCS" every few seconds."""
+    if address is None or address in ("auto", "local"):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not (host and port.isdigit()):
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        return (f"cannot reach a Ray cluster at {address} ({reason}): start its head there "
+                f"(`ray start --head --port {port}` on {host}), fix cluster.address, or leave "
+                "it null for a Ray of this process.")
+    return None
 
 
 def attach_hint(exc: BaseException, address: str | None) -> str | None:
