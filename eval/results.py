@@ -252,8 +252,7 @@ class ResultsFile:
             raise ResultsError(
                 f"Results file {p} is not JSON ({reason}), so no `rlinf-embodied eval` run wrote "
                 "it (eval writes atomically; the .md/.png/.html beside its results .json are "
-                "reports): pass the results .json (for eval's resume, delete it or pass another "
-                "--output)."
+                "reports): pass the results .json."
             ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ResultsError(
@@ -263,6 +262,20 @@ class ResultsFile:
             )
         eps = [Episode.from_dict(d) for d in data.get("episodes", [])]
         return cls(p, data.get("header", {}), eps)
+
+    @classmethod
+    def load_to_resume(cls, path: Union[str, os.PathLike]) -> "ResultsFile":
+        """:meth:`load` of an existing ``--output`` that an evaluation would resume.
+
+        Raises:
+            ResultsError: as :meth:`load`, adding that deleting it or another ``--output``
+                starts afresh.
+        """
+        try:
+            return cls.load(path)
+        except ResultsError as e:
+            raise ResultsError(f"{e} To evaluate into {path}, delete it or pass another "
+                               "--output.") from None
 
     @classmethod
     def open_for_run(cls, path: Union[str, os.PathLike], header: Dict[str, Any]) -> "ResultsFile":
@@ -276,7 +289,7 @@ class ResultsFile:
         p = Path(path)
         if not p.exists():
             return cls(p, header)
-        old = cls.load(p)
+        old = cls.load_to_resume(p)
         diffs = [
             f"{k}: {_get(old.header, k)!r} in the file vs {_get(header, k)!r} now"
             for k in RESUME_KEYS

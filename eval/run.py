@@ -153,7 +153,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     done: set = set()
     before: Dict[str, Any] = {}  # the header of the file resumed
     if output.exists():
-        old = ResultsFile.load(output)  # header checked below, before running
+        old = ResultsFile.load_to_resume(output)  # header checked below, before running
         done, before = old.done_pairs(), old.header
     pending = [p for p in pairs if p not in done]
     num_envs = max(1, min(req.num_envs, len(pending) or 1))

@@ -472,7 +472,7 @@ def resolve_policy(source: str, ctx: PolicyContext,
 
     raise PolicySourceError(
         f"--policy {source}: no such file or directory (absolute: {path.resolve()})"
-        f"{suggest(source, ['random']) or '.'} SOURCE is a "
+        f"{suggest(source, ['random']) or '.'} --policy takes a "
         "training run or checkpoint directory, a published OpenVLA/OFT directory, 'random', or "
         "module:function."
     )

@@ -214,8 +214,10 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         owners = _variants_with_field(section, leaf)
         if owners:  # env.control_mode on a gym env: a field of another kind
             current = OmegaConf.select(schema, f"{section}.type", default=None)
-            hint = (f" ({key} is a field of {section}.type={' / '.join(owners)}; this config's "
-                    f"{section}.type is {current}).")
+            hint = (f" ({key} is a field of {section}.type={' / '.join(owners)}, not of "
+                    f"{section}.type={current}: the {section} section holds one kind's fields; "
+                    f"drop {key}, or start from a config of {section}.type={current} rather than "
+                    f"changing {section}.type by override).")
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."

@@ -67,6 +67,10 @@ def parse_overrides(overrides: List[str]) -> DictConfig:
                      else "")
             raise ConfigError(f"Override {o!r} is not of the form key=value (e.g. "
                               f"env.num_envs=16).{split}")
+        key = o.partition("=")[0].strip().lstrip("+")
+        if "" in key.split("."):  # `env.=3` read as the key `env`
+            raise ConfigError(f"Override {o!r} has an empty part in its key {key!r}; write "
+                              "section.field=value (e.g. env.num_envs=16).")
     for o in overrides:
         try:
             OmegaConf.from_dotlist([o])

@@ -73,12 +73,21 @@ def validate_job(cfg: JobConfig) -> None:
             f"take a KL penalty to; set algorithm.kl_coef=0 (algorithm.target_kl and the clip "
             f"ratios limit the update)."
         )
-    from rlinf_embodied.algorithms import get_advantage, get_loss
+    from rlinf_embodied.algorithms import advantage_names, get_advantage, get_loss, loss_names
 
-    for get, name in ((get_advantage, cfg.algorithm.advantage), (get_loss, cfg.algorithm.loss)):
+    a, loss = cfg.algorithm.advantage, cfg.algorithm.loss
+    for get, name in ((get_advantage, a), (get_loss, loss)):
         try:  # the actor looks them up only at its first update, after Ray and a rollout
             get(name)
-        except ValueError as e:
+        except ValueError as e:  # algorithm.loss=grpo: GRPO is an advantage estimator
+            if get is get_loss and name in advantage_names():
+                e = (f"algorithm.loss={name} names an advantage estimator, not a loss: set "
+                     f"algorithm.advantage={name} and algorithm.loss to one of "
+                     f"{', '.join(loss_names())}.")
+            elif get is get_advantage and name in loss_names():
+                e = (f"algorithm.advantage={name} names a loss, not an advantage estimator: set "
+                     f"algorithm.loss={name} and algorithm.advantage to one of "
+                     f"{', '.join(advantage_names())}.")
             raise ConfigError(str(e)) from None
     check_image_policy(cfg)
     if cfg.logging.wandb:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rlinf_embodied.eval.report import write_reports
 from rlinf_embodied.eval.request import EvalError, EvalRequest
-from rlinf_embodied.eval.results import Episode, ResultsFile
+from rlinf_embodied.eval.results import Episode, ResultsError, ResultsFile
 from rlinf_embodied.eval.run import evaluate
 from rlinf_embodied.eval.stats import mean_interval, t_quantile, wilson_interval
 
@@ -166,6 +166,10 @@ def test_a_run_is_evaluated_with_the_env_settings_it_trained_with(tmp_path, caps
     with pytest.raises(EvalError, match=r"the results file is JSON; name a .json file, e.g. "
                                         r"--output .*r\.json"):
         evaluate(EvalRequest(**{**req, "output": str(tmp_path / "r.txt")}))
+    (tmp_path / "notes.json").write_text("my notes\n")  # eval would resume into it
+    with pytest.raises(ResultsError, match=r"is not JSON .* To evaluate into .*notes.json, delete "
+                                           r"it or pass another --output."):
+        evaluate(EvalRequest(**{**req, "output": str(tmp_path / "notes.json")}))
 
     seen = []
 
