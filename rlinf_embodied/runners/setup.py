@@ -75,20 +75,20 @@ def validate_job(cfg: JobConfig) -> None:
         )
     from rlinf_embodied.algorithms import advantage_names, get_advantage, get_loss, loss_names
 
-    a, loss = cfg.algorithm.advantage, cfg.algorithm.loss
-    for get, name in ((get_advantage, a), (get_loss, loss)):
+    for get, name in ((get_advantage, cfg.algorithm.advantage), (get_loss, cfg.algorithm.loss)):
         try:  # the actor looks them up only at its first update, after Ray and a rollout
             get(name)
         except ValueError as e:  # algorithm.loss=grpo: GRPO is an advantage estimator
+            msg = str(e)
             if get is get_loss and name in advantage_names():
-                e = (f"algorithm.loss={name} names an advantage estimator, not a loss: set "
-                     f"algorithm.advantage={name} and algorithm.loss to one of "
-                     f"{', '.join(loss_names())}.")
+                msg = (f"algorithm.loss={name} names an advantage estimator, not a loss: set "
+                       f"algorithm.advantage={name} and algorithm.loss to one of "
+                       f"{', '.join(loss_names())}.")
             elif get is get_advantage and name in loss_names():
-                e = (f"algorithm.advantage={name} names a loss, not an advantage estimator: set "
-                     f"algorithm.loss={name} and algorithm.advantage to one of "
-                     f"{', '.join(advantage_names())}.")
-            raise ConfigError(str(e)) from None
+                msg = (f"algorithm.advantage={name} names a loss, not an advantage estimator: "
+                       f"set algorithm.loss={name} and algorithm.advantage to one of "
+                       f"{', '.join(advantage_names())}.")
+            raise ConfigError(msg) from None
     check_image_policy(cfg)
     if cfg.logging.wandb:
         import importlib.util
