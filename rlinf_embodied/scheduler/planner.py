@@ -232,7 +232,8 @@ class _Search:
             else:
                 why.setdefault(
                     "spatial",
-                    f"{st.label} split needs at least {len(st.members)} devices (got {d})",
+                    f"splitting {st.label} needs {len(st.members)} devices and that stage "
+                    f"gets {d}",
                 )
 
     def _try(self, plan: Plan, mode: str, best, why) -> None:
@@ -382,7 +383,9 @@ def search(
         roots = [(m, p) for m, (_, p) in best.items()]
     if not best:
         reasons = "; ".join(f"{m}: {r}" for m, r in sorted(first_why.items()))
-        raise ValueError(f"No execution plan fits on {devices} devices ({reasons}).")
+        fix = (" Raise env.num_envs so that its shards split over the ranks." if any(
+            _UNEVEN in r for r in first_why.values()) else "")
+        raise ValueError(f"No execution plan fits on {devices} devices ({reasons}).{fix}")
     notes = []
     if used < devices:
         notes.append(f"the plan uses {used} of the {devices} devices (the job cannot give work "
