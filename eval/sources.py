@@ -145,7 +145,7 @@ def _results_policy(path: Path) -> Optional[str]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
     policy = (data.get("header") or {}).get("policy") or {}
-    return str(policy.get("source") or "SOURCE")
+    return str(policy.get("source") or "")
 
 
 def _random_policy(ctx: PolicyContext) -> Callable[..., np.ndarray]:
@@ -457,8 +457,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
             if evaluated is not None:
                 raise PolicySourceError(
                     f"--policy {source} is an eval results file, not a policy; pass the policy "
-                    f"it evaluated (--policy {evaluated}) or compare results with `rlinf-embodied "
-                    "eval compare`.")
+                    f"it evaluated{f' (--policy {evaluated})' if evaluated else ''} or compare "
+                    "results with `rlinf-embodied eval compare`.")
             raise PolicySourceError(
                 f"--policy {source} is a file; pass its directory (a checkpoint directory, a "
                 "training run directory or a published OpenVLA/OFT directory)."
