@@ -173,8 +173,8 @@ def eval_command(
                   "--env out.")
         if named:
             env, task = named, entry.defaults["env_id"]
-        elif env is None and kind in ("gym", "maniskill"):
-            env = kind
+        elif kind in ("gym", "maniskill") and env in (None, kind):
+            env, task = kind, task[len(kind) + 1:]  # maniskill/PushCube-v1: the env's own id
     if policy is None:  # without --env too: a training run given as --policy names its env
         if env is None:
             typer.echo(ctx.get_help())  # a bare `eval`: show what it takes
@@ -202,8 +202,6 @@ def eval_command(
         typer.echo(f"[{done}/{total}] task {ep.task} trial {ep.trial}: {status} "
                    f"{ep.steps} steps" + (f"  {ep.error}" if ep.error else ""), err=True)
 
-    if env in ("gym", "maniskill") and task and task.startswith(f"{env}/"):
-        task = task[len(env) + 1:]  # the `envs list` id (maniskill/PushCube-v1): the env's own
     overrides = parse_env_overrides(env_override)
     try:
         req = EvalRequest(

@@ -133,19 +133,17 @@ class LoadedPolicy:
 
 
 def _results_policy(path: Path) -> Optional[str]:
-    """The ``--policy`` an eval results file at ``path`` records, or None if it is not one."""
-    from rlinf_embodied.eval.results import FORMAT
+    """The ``--policy`` an eval results file at ``path`` records ("" if none), or None if it
+    is not a results file."""
+    from rlinf_embodied.eval.results import ResultsError, ResultsFile
 
     if path.suffix != ".json":
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        header = ResultsFile.load(path).header
+    except ResultsError:
         return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    policy = (data.get("header") or {}).get("policy") or {}
-    return str(policy.get("source") or "")
+    return str((header.get("policy") or {}).get("source") or "")
 
 
 def _random_policy(ctx: PolicyContext) -> Callable[..., np.ndarray]:
