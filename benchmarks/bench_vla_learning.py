@@ -256,8 +256,8 @@ def run_family(family: str, run_dir: Path, demos_dir: str, extra: list[str]) -> 
     comes (:func:`stream_pipeline`); returns :func:`summarize_run` with ``stages.demos`` saying
     whether this run recorded the demos (:func:`demos_stage`), or ``error`` (and
     ``interrupted`` after a Ctrl-C)."""
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-           "PYTHONUNBUFFERED": "1"}  # lines as they come, not a pipe buffer at a time
+    # lines as they come, not a pipe buffer at a time; OpenMP as the CLI sets it (sft/cli.py)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     before = generation_records(demos_dir)
     with LoadSampler() as load:
         res = stream_pipeline(pipeline_command(family, run_dir, demos_dir, extra), family,

@@ -357,6 +357,20 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 
+def _suite_env(suite: Optional[str]) -> Optional[str]:
+    """The env type of a suite name: ``libero`` for a LIBERO suite, ``maniskill`` for a
+    registered ManiSkill suite (envs/maniskill_suites.py), else None."""
+    if suite is None:
+        return None
+    from rlinf_embodied.eval.protocols import LIBERO_SUITES
+
+    if suite in LIBERO_SUITES:
+        return "libero"
+    from rlinf_embodied.envs.maniskill_suites import SUITES
+
+    return "maniskill" if suite in SUITES else None
+
+
 def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
                   families: Sequence[str], log: Optional[Callable[[str], None]] = None) -> EvalRequest:
     """The request with what it leaves unset taken from the policy's training run (its env
@@ -388,10 +402,15 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
                 raise EvalError(f"--policy {req.policy} is an SFT -> RL pipeline's directory; "
                                 f"give its RL run (--policy {pipeline / 'rl'}) or its SFT "
                                 f"checkpoint (--policy {pipeline / 'sft' / 'policy'}).")
-            raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), unless "
-                            "--policy is a training run.")
-        log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")
-        req = replace(req, env=str(run_env["type"]))
+            suite_env = _suite_env(req.suite)
+            if suite_env is None:
+                raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), "
+                                "unless --policy is a training run or --suite names a suite.")
+            log(f"eval: --env {suite_env} (the env of --suite {req.suite}).")
+            req = replace(req, env=suite_env)
+        else:
+            log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")
+            req = replace(req, env=str(run_env["type"]))
     if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
             and run_env.get("type", req.env) == req.env):
         log(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).")

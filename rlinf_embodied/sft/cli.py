@@ -91,19 +91,16 @@ def _converted_demos(cfg) -> bool:
     return find_demos(cfg.demos.dir, e.env_id, e.control_mode, e.obs_mode) is not None
 
 
-def _passive_omp() -> None:
-    """OpenMP threads of this process sleep when idle (:func:`~rlinf_embodied.omp.omp_wait_env`) unless the user chose otherwise: SFT and the evaluations run the policy here,
-    beside the env processes, and spinning libgomp threads on a shared 2-core machine made
-    each tiny-VLA forward 30-300x slower (measured: 2-15 s instead of 0.03 s at load 9).
-    Effective only before torch is imported."""
-    import os
-    import sys
+def _compute_omp() -> None:
+    """This process (SFT, the gate, the evaluations) loads torch with a short OpenMP spin
+    (:func:`~rlinf_embodied.omp.load_openmp_for_compute`: SFT steps 0.26 s instead of 0.36-0.41 s
+    passive on 2 cores), and the env and Ray worker processes it starts keep the passive
+    default (:func:`~rlinf_embodied.omp.omp_wait_env`: libgomp's default 300,000 spins beside
+    the env processes made each tiny-VLA forward 30-300x slower at load 9). The user's
+    ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` win."""
+    from rlinf_embodied.omp import load_openmp_for_compute
 
-    if "torch" not in sys.modules:
-        from rlinf_embodied.omp import omp_wait_env
-
-        for k, v in omp_wait_env().items():
-            os.environ.setdefault(k, v)
+    load_openmp_for_compute()
 
 
 def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
@@ -112,7 +109,7 @@ def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
     (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
     stage runs, and refuses a run directory that holds an RL run (with ``resume``: one that
     holds none, :func:`~rlinf_embodied.sft.pipeline.check_rl_dir`)."""
-    _passive_omp()
+    _compute_omp()
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.pipeline import check_rl_dir, load_sft_config, validate_rl_stage
 
