@@ -52,6 +52,7 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
     job = yaml.safe_load(r.stdout)
     # rl.overrides applied to rl.config, the pipeline's env, the SFT checkpoint, rl.task_ids
     assert job["env"]["max_episode_steps"] == 48 and job["trainer"]["rollout_steps"] == 12
+    assert job["trainer"]["iterations"] == 20 and job["trainer"]["eval_every"] == 0
     assert job["env"]["suite"] == "maniskill_lang3" and job["env"]["task_ids"] == [0, 1]
     assert job["policy"]["pretrained"] == str((tmp_path / "sft" / "vla").resolve())
     assert job["run"]["dir"] == str(tmp_path / "rl") and "bc" not in job
