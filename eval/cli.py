@@ -98,7 +98,7 @@ def parse_env_overrides(items: List[str]) -> dict:
 def eval_command(
     ctx: typer.Context,
     env: Optional[str] = typer.Option(
-        None, "--env", help="libero, maniskill, gym, or a user's env type package.module:Class (default for a training run's --policy: its env.type)."),
+        None, "--env", help="libero, maniskill, gym, or a user's env type package.module:Class (default: a training run's env.type, else the env of --suite or of a named --task)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="A task suite: LIBERO (libero_spatial, ...) or ManiSkill (maniskill_lang3); `envs list` lists them."),
     task: Optional[str] = typer.Option(None, "--task", help="ManiSkill/gym env id, e.g. PushCube-v1 (or as `envs list` writes it, maniskill/PushCube-v1)."),
     policy: Optional[str] = typer.Option(

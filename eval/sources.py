@@ -444,7 +444,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
                                     f"{', '.join(sorted(policy_types()))}, random.")
     if source == "random":
         if expected_type not in (None, "random"):
-            raise PolicySourceError(f"--policy random is not a {expected_type} policy.")
+            raise PolicySourceError(f"--policy random acts at random; it has no policy type "
+                                    f"({expected_type}): leave out --policy-type.")
         sha = hashlib.sha256(b"random").hexdigest()
         return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
                             execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1},

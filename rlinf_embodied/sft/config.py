@@ -95,6 +95,14 @@ class BCConfig:
     """Torch seed of initialisation and minibatch order."""
 
     def __post_init__(self):
+        for key, ok, need in (("steps", self.steps >= 1, ">= 1"),
+                              ("batch_size", self.batch_size >= 1, ">= 1"),
+                              ("lr", self.lr > 0, "> 0"),
+                              ("weight_decay", self.weight_decay >= 0, ">= 0"),
+                              ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
+                              ("image_shift", self.image_shift >= 0, ">= 0")):
+            if not ok:
+                raise ConfigError(f"bc.{key} must be {need} (got {getattr(self, key)}).")
         if (self.min_log_std is not None and self.max_log_std is not None
                 and self.min_log_std > self.max_log_std):
             raise ConfigError(

@@ -276,7 +276,9 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     """
     record = read_record(checkpoint)
     if record is None:
-        raise SFTCheckpointError(f"{checkpoint} has no {RECORD_FILE}; run `rlinf-embodied sft` "
+        where = Path(checkpoint).parent / RECORD_FILE
+        missing = "" if Path(checkpoint).exists() else f" ({checkpoint} does not exist either)"
+        raise SFTCheckpointError(f"No SFT record {where}{missing}; run `rlinf-embodied sft` "
                                  "with the same config (and run.dir) first.")
     check_family(record, policy_type, checkpoint)
     # the SFT policy directory (a VLA's published-layout checkpoint sits beside it)

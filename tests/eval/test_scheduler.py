@@ -77,6 +77,14 @@ def test_resume_after_interrupt_runs_only_missing_pairs(tmp_path):
     with pytest.raises(ResultsError, match=r"env_config kwargs: \{\} in the file vs \{'dim': 3\} now"):
         evaluate(_req(tmp_path, "r.json", policy="eval_helpers:flaky", env_overrides={"kwargs": {"dim": 3}}))
     assert (tmp_path / "r.json").read_bytes() == before
+    # and so is fewer trials (the header would not cover the recorded ones); more are added
+    with pytest.raises(ResultsError, match=r"holds 4 episode\(s\) outside this evaluation's tasks "
+                                           r"and trials \(e.g. task toy/PointReach-v0 trial 3; "
+                                           r"the file's: tasks \['toy/PointReach-v0'\], 7 trials"):
+        evaluate(_req(tmp_path, "r.json", policy="eval_helpers:flaky", trials_per_task=3))
+    assert (tmp_path / "r.json").read_bytes() == before
+    res = evaluate(_req(tmp_path, "r.json", policy="eval_helpers:flaky", trials_per_task=9))
+    assert sorted(e.trial for e in res.episodes) == list(range(9)) and res.header["trials_per_task"] == 9
 
 
 def test_resume_after_kill(tmp_path):

@@ -386,6 +386,11 @@ def test_gate_of_an_rl_env_on_fewer_tasks_compares_the_recorded_trials_of_those(
     with pytest.raises(SFTCheckpointError, match=r"has no trials of the RL env's tasks "
                                                  r"\(PushCube-v1; recorded: 0, 1, 2\)"):
         check_gate(sft / "policy", single, tmp_path / "none", sampled=False)
+    # no SFT stage yet: the record's own path is named (sft/, beside policy/ and vla/)
+    nowhere = tmp_path / "fresh" / "sft" / "vla"
+    with pytest.raises(SFTCheckpointError, match=rf"^No SFT record {tmp_path / 'fresh' / 'sft' / 'sft_record.json'} "
+                                                 rf"\({nowhere} does not exist either\); run `rlinf-embodied sft`"):
+        check_gate(nowhere, single, tmp_path / "none", sampled=False)
 
 
 def test_gate_of_shorter_rl_episodes_scores_the_recorded_trials_within_them(tmp_path, monkeypatch):
