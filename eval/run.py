@@ -155,7 +155,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     if output.exists():
         old = ResultsFile.load_to_resume(output)  # header checked below, before running
         done, before = old.done_pairs(), old.header
-        outside = sorted(done - set(pairs), key=str)
+        outside = sorted(done - set(pairs), key=lambda p: (str(p[0]), p[1]))
         if outside:  # resuming may add tasks or trials, never drop recorded ones from the header
             from rlinf_embodied.eval.results import ResultsError
 
@@ -164,7 +164,8 @@ def evaluate(req: EvalRequest) -> ResultsFile:
                 f"Cannot resume {output}: it holds {len(outside)} episode(s) outside this "
                 f"evaluation's tasks and trials (e.g. task {task} trial {trial}; the file's: tasks "
                 f"{before.get('tasks')}, {before.get('trials_per_task')} trials per task). "
-                "Evaluate those tasks and trials again, pass another --output, or delete the file.")
+                "Resume with at least the file's tasks and trials, pass another --output, or "
+                "delete the file.")
     pending = [p for p in pairs if p not in done]
     num_envs = max(1, min(req.num_envs, len(pending) or 1))
     num_processes = (min(num_envs, os.cpu_count() or 1) if req.num_processes is None
