@@ -358,17 +358,13 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _suite_env(suite: Optional[str]) -> Optional[str]:
-    """The env type of a suite name: ``libero`` for a LIBERO suite, ``maniskill`` for a
-    registered ManiSkill suite (envs/maniskill_suites.py), else None."""
-    if suite is None:
-        return None
-    from rlinf_embodied.eval.protocols import LIBERO_SUITES
+    """The env type of a suite as the env registry names it (``libero/libero_spatial``,
+    ``maniskill/maniskill_lang3``: ``envs list``), else None."""
+    from rlinf_embodied.envs.registry import env_entry, env_ids
 
-    if suite in LIBERO_SUITES:
-        return "libero"
-    from rlinf_embodied.envs.maniskill_suites import SUITES
-
-    return "maniskill" if suite in SUITES else None
+    types = {env_entry(i).defaults["type"] for i in env_ids()
+             if suite is not None and env_entry(i).defaults.get("suite") == suite}
+    return types.pop() if len(types) == 1 else None
 
 
 def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,

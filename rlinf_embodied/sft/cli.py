@@ -91,25 +91,17 @@ def _converted_demos(cfg) -> bool:
     return find_demos(cfg.demos.dir, e.env_id, e.control_mode, e.obs_mode) is not None
 
 
-def _compute_omp() -> None:
-    """This process (SFT, the gate, the evaluations) loads torch with a short OpenMP spin
-    (:func:`~rlinf_embodied.omp.load_openmp_for_compute`: SFT steps 0.26 s instead of 0.36-0.41 s
-    passive on 2 cores), and the env and Ray worker processes it starts keep the passive
-    default (:func:`~rlinf_embodied.omp.omp_wait_env`: libgomp's default 300,000 spins beside
-    the env processes made each tiny-VLA forward 30-300x slower at load 9). The user's
-    ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` win."""
-    from rlinf_embodied.omp import load_openmp_for_compute
-
-    load_openmp_for_compute()
-
-
 def _load(config: str, overrides: list[str] | None, rl_stage: bool = False,
           resume: bool = False):
     """The pipeline config; with ``rl_stage`` also resolves and validates the RL stage's job
     (``rl.config`` + ``rl.overrides``) first, so that a bad one fails in one line before any
     stage runs, and refuses a run directory that holds an RL run (with ``resume``: one that
     holds none, :func:`~rlinf_embodied.sft.pipeline.check_rl_dir`)."""
-    _compute_omp()
+    # this process (SFT, the gate, the evaluations' policy) loads torch with a short OpenMP
+    # spin; the env and Ray worker processes it starts stay passive (omp.py, docs/placement.md)
+    from rlinf_embodied.omp import load_openmp_for_compute
+
+    load_openmp_for_compute()
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.sft.pipeline import check_rl_dir, load_sft_config, validate_rl_stage
 
