@@ -399,6 +399,14 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
                                 f"give its RL run (--policy {pipeline / 'rl'}) or its SFT "
                                 f"checkpoint (--policy {pipeline / 'sft' / 'policy'}).")
             suite_env = _suite_env(req.suite)
+            if suite_env is None and req.suite is not None:
+                from rlinf_embodied.config.errors import suggest
+                from rlinf_embodied.envs.registry import env_entry, env_ids
+
+                known = sorted({env_entry(i).defaults["suite"] for i in env_ids()
+                                if env_entry(i).defaults.get("suite")})
+                raise EvalError(f"Unknown --suite {req.suite!r}{suggest(req.suite, known) or '.'} "
+                                f"Registered suites: {', '.join(known)} (`envs list`).")
             if suite_env is None:
                 raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), "
                                 "unless --policy is a training run or --suite names a suite.")

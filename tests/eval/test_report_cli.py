@@ -314,8 +314,9 @@ def test_a_suite_run_is_evaluated_on_its_own_tasks_unless_the_suite_is_named():
     for suite, env in (("maniskill_lang3", "maniskill"), ("libero_spatial", "libero")):
         req = adopt_run_env(EvalRequest(env=None, policy="random", suite=suite), {}, None, FAMILIES, said.append)
         assert (req.env, req.suite) == (env, suite) and said[-1] == f"eval: --env {env} (the env of --suite {suite})."
-    with pytest.raises(Exception, match="--env is required"):
-        adopt_run_env(EvalRequest(env=None, policy="random", suite="nope"), {}, None, FAMILIES, said.append)
+    with pytest.raises(Exception, match=r"^Unknown --suite 'maniskill_lang'\. Did you mean 'maniskill_lang3'\? "
+                                        r"Registered suites: .*libero_spatial.*maniskill_lang3"):
+        adopt_run_env(EvalRequest(env=None, policy="random", suite="maniskill_lang"), {}, None, FAMILIES, said.append)
     with pytest.raises(Exception, match="--policy x: no such file or directory"):
         adopt_run_env(EvalRequest(env=None, policy="x"), {}, None, FAMILIES, said.append)
 
