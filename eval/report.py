@@ -407,6 +407,13 @@ def compare(a: Union[ResultsFile, str, os.PathLike], b: Union[ResultsFile, str, 
     for pkg in sorted(set(va) & set(vb)):
         if va[pkg] != vb[pkg] and pkg in ("mujoco", "robosuite", "mani-skill", "sapien"):
             warnings.append(f"{pkg} differs: {va[pkg]} vs {vb[pkg]}")
+    for f in (a, b):  # an interrupted evaluation: its missing pairs are not compared
+        planned = len(f.header.get("tasks") or []) * int(f.header.get("trials_per_task") or 0)
+        if len(f.episodes) < planned:
+            warnings.append(
+                f"{f.path} is unfinished: {len(f.episodes)} of {planned} episodes "
+                f"({len(f.header['tasks'])} tasks x {f.header['trials_per_task']} trials); "
+                "run its eval command again to finish it (it resumes).")
     ea, eb = {e.key: e for e in a.episodes}, {e.key: e for e in b.episodes}
     shared = sorted(set(ea) & set(eb), key=lambda k: (str(k[0]), k[1]))
     if not shared:

@@ -102,7 +102,7 @@ def config_show(
     from rlinf_embodied.config import ConfigError, JobConfig, check_repeated_overrides, to_yaml
     from rlinf_embodied.reasoning.config import load_job_config
 
-    from rlinf_embodied.runners.setup import validate_job
+    from rlinf_embodied.runners.setup import check_policy_paths, validate_job
 
     try:
         check_repeated_overrides(overrides or [])
@@ -124,6 +124,11 @@ def config_show(
             if rl_stage:
                 _fail(f"--rl-stage: {config} is not an SFT pipeline YAML (no demos / bc "
                       "section); drop --rl-stage to print it.")
+            if isinstance(cfg, JobConfig):  # a GPU config names a checkpoint downloaded later
+                try:
+                    check_policy_paths(cfg)
+                except ConfigError as e:
+                    typer.echo(f"note: `train` refuses this config here: {e}", err=True)
         if isinstance(cfg, JobConfig):
             validate_job(cfg)  # the same checks as `train`
     except ConfigError as e:
@@ -399,9 +404,10 @@ def train(
                                       "or --resume RUN_DIR.")
                 cfg = load_config(config, overrides)
                 run_dir = _fresh_run_dir(cfg.run.run_dir())
-            from rlinf_embodied.runners.setup import validate_job
+            from rlinf_embodied.runners.setup import check_policy_paths, validate_job
 
             validate_job(cfg)
+            check_policy_paths(cfg)
             if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
                 from rlinf_embodied.checkpoint import unwritable
                 from rlinf_embodied.sft.gate import GateError, gate_for_job

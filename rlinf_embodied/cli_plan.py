@@ -83,7 +83,9 @@ def plan_command(
     cfg = load_config(config_path, overrides)
     nodes, reserved = capacity(cfg)
     n = devices if devices is not None else (reserved or _default_devices(cfg))
-    profile = profile_for_config(cfg, cfg.run.run_dir())
+    from rlinf_embodied.policies.size import parameter_count
+
+    profile = profile_for_config(cfg, cfg.run.run_dir(), parameter_count(cfg.policy))
     result = plan_config(cfg, n, profile)
     g = graph_from_config(cfg)
     workload = {
@@ -109,6 +111,7 @@ def plan_command(
             f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages}"
             + (", offload at every switch)" if configured["offload"] else ")")
             + (f"; train refuses it here: {configured['refused']}" if configured["refused"] else "")
+            + _over_memory(configured)
         )
     header += [line["text"] for line in nodes]
     note = shared_cores_note(n)
@@ -149,6 +152,13 @@ def capacity(cfg) -> tuple[list[dict], int | None]:
         cluster.shutdown()
 
 
+def _over_memory(configured: dict) -> str:
+    """The Configured line's note when the job's own plan exceeds device memory (so the search,
+    which keeps only plans that fit, chose another, maybe slower one), else ''."""
+    why = configured.get("over_memory")
+    return f"; over the profile's device memory, so not searched: {why}" if why else ""
+
+
 def _refusal(cfg, placement, devices: int) -> str | None:
     """Why ``train`` would refuse the embodied job's ``placement`` on ``devices`` devices (its
     envs do not split evenly over the env or actor ranks), or None."""
@@ -181,12 +191,15 @@ def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement,
     except PlacementError:
         return None
     plan = plan_fn(cfg, placement, devices)
+    cost = CostModel(profile)
     return {
         "placement": cfg.placement,
         "plan": describe(plan),
         "offload": isinstance(plan, Temporal) and plan.offload,
-        "predicted_iteration_s": round(CostModel(profile).iteration_time(plan), 9),
+        "predicted_iteration_s": round(cost.iteration_time(plan), 9),
         "refused": refusal(cfg, placement, devices) if refusal else None,
+        # the planner searches only plans that fit: why a faster Configured line is not Chosen
+        "over_memory": cost.infeasible_reason(plan),
     }
 
 
@@ -219,7 +232,8 @@ def reasoning_plan_command(config_path: str, devices: int | None, as_json: bool,
               f"{workload['max_new_tokens']} tokens (reward in the placement's env slot)"]
     if configured is not None:
         header.append(f"Configured: placement={configured['placement']} "
-                      f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})")
+                      f"{configured['predicted_iteration_s']:.4f} s per step ({configured['plan']})"
+                      + _over_memory(configured))
     note = shared_cores_note(n)
     if note:
         header.append(note)

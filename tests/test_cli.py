@@ -41,6 +41,20 @@ def test_config_show_errors_are_clear(tmp_path):
     assert r.exit_code == 2 and "not a registered ManiSkill3 env" in r.output and "'PushCube-v1'" in r.output
     # the listing command runs this interpreter, from any directory
     assert f"List them with: {sys.executable} -c 'import mani_skill.envs, gymnasium;" in r.output
+    # a policy path that is not there: `config show` notes it (a GPU config names a checkpoint
+    # downloaded later), `train` refuses it before Ray starts (not in the actor after it)
+    nope = tmp_path / "nope"
+    r = runner.invoke(app, ["config", "show", "configs/maniskill_ppo_openvla_tiny.yaml",
+                            f"policy.pretrained={nope}"])
+    assert r.exit_code == 0 and (f"note: `train` refuses this config here: policy.pretrained="
+                                 f"{nope} does not exist") in r.output
+    r = runner.invoke(app, ["train", "configs/maniskill_ppo_openvla_tiny.yaml",
+                            f"policy.pretrained={nope}", f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 2 and f"policy.pretrained={nope} does not exist; set it" in r.output
+    assert not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["train", "configs/maniskill_pushcube_ppo_mlp.yaml",
+                            f"policy.checkpoint={p}", f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 2 and f"policy.checkpoint={p} is a file, not a directory" in r.output
 
 
 def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):

@@ -9,9 +9,27 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, JobConfig
 
 __all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_policy",
-           "check_minibatches", "check_plan_fits", "group_ranks", "launch_groups", "open_cluster",
+           "check_minibatches", "check_plan_fits", "check_policy_paths", "group_ranks", "launch_groups", "open_cluster",
            "resolve_placement", "validate_job"]
 
+
+def check_policy_paths(cfg: JobConfig) -> None:
+    """``policy.checkpoint`` / ``policy.pretrained`` name directories that exist (``train`` and
+    ``config show`` check them before Ray starts; nothing is downloaded, so a hub id is no path).
+    Not part of :func:`validate_job`: an SFT pipeline's RL stage names ``sft/vla`` before the
+    SFT stage writes it.
+
+    Raises:
+        ConfigError: naming the missing path and the fix.
+    """
+    for key in ("checkpoint", "pretrained"):
+        path = getattr(cfg.policy, key, None)
+        if path and not Path(path).is_dir():
+            what = "is a file, not a directory" if Path(path).is_file() else "does not exist"
+            raise ConfigError(
+                f"policy.{key}={path} {what}; set it to a checkpoint directory (a run's "
+                f"policy/ or an SFT run's sft/vla; published checkpoints are downloaded "
+                f"beforehand, nothing is fetched at run time) or drop it to start from config.")
 
 
 def resolve_placement(name: str) -> Path:

@@ -188,8 +188,10 @@ def profile_config_key(cfg: Any, hardware: str | None = None) -> str:
     return cache_key(relevant, hardware)
 
 
-def profile_for_config(cfg: Any, run_dir: str | Path | None) -> WorkflowProfile:
-    """The cached profile of this config on this hardware, else the analytic default.
+def profile_for_config(cfg: Any, run_dir: str | Path | None,
+                       policy_params: float | None = None) -> WorkflowProfile:
+    """The cached profile of this config on this hardware, else the analytic default (its VLA
+    memory scaled to ``policy_params`` parameters when given: ``policies.size.parameter_count``).
 
     ``profile.source`` tells which one was used (``cached (...)`` or ``analytic default ...``).
     """
@@ -200,7 +202,8 @@ def profile_for_config(cfg: Any, run_dir: str | Path | None) -> WorkflowProfile:
     import torch
 
     return analytic_default_profile(cfg.env.type, cfg.policy.type,
-                                    accelerator=torch.cuda.device_count() > 0)
+                                    accelerator=torch.cuda.device_count() > 0,
+                                    policy_params=policy_params)
 
 
 def plan_config(

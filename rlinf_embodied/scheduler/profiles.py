@@ -44,6 +44,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, replace
 
 __all__ = [
+    "ANALYTIC_POLICY_PARAMS",
     "RELATIONS",
     "ComponentProfile",
     "GiB",
@@ -482,6 +483,9 @@ _ROLLOUT_ANALYTIC: dict[str, _Analytic] = {
     "cnn": _Analytic(1e-3, 2e-5, 0.05, 2e-4),
     "openvla": _Analytic(0.1, 2e-3, 15.0, 0.02, onload_s=3.0),
     "openvla_oft": _Analytic(0.05, 1e-3, 15.0, 0.02, onload_s=3.0),
+    # π0 / π0.5 (3.3B: bf16 weights ~7 GiB); times as the OFT's (one parallel chunk per query)
+    "pi0": _Analytic(0.05, 1e-3, 7.0, 0.01, onload_s=1.5),
+    "pi05": _Analytic(0.05, 1e-3, 7.0, 0.01, onload_s=1.5),
 }
 _ACTOR_ANALYTIC: dict[str, _Analytic] = {
     "mlp": _Analytic(1e-3, 3e-6, 0.03, 3e-5, shard_static=True, dp_efficiency=0.97),
@@ -492,7 +496,16 @@ _ACTOR_ANALYTIC: dict[str, _Analytic] = {
     "openvla_oft": _Analytic(
         0.1, 3e-3, 120.0, 0.3, shard_static=True, onload_s=8.0, dp_efficiency=0.97
     ),
+    # 3.3B x 16 bytes (weights, gradients, Adam's two moments) ~ 53 GiB, sharded
+    "pi0": _Analytic(0.1, 3e-3, 55.0, 0.15, shard_static=True, onload_s=4.0, dp_efficiency=0.97),
+    "pi05": _Analytic(0.1, 3e-3, 55.0, 0.15, shard_static=True, onload_s=4.0, dp_efficiency=0.97),
 }
+
+#: Parameters of the published model each VLA row above is guessed for (OpenVLA: 7.5B, the
+#: Prismatic 7B of arXiv 2406.09246; π0 / π0.5: 3.3B, PaliGemma 3B + the 300M action expert of
+#: arXiv 2410.24164). ``analytic_default_profile(policy_params=...)`` scales memory by the ratio.
+ANALYTIC_POLICY_PARAMS: dict[str, float] = {
+    "openvla": 7.5e9, "openvla_oft": 7.5e9, "pi0": 3.3e9, "pi05": 3.3e9}
 
 
 # Guess, not a measurement: about 1 ms per channel message (a queue-actor round trip plus a
@@ -505,7 +518,8 @@ _ANALYTIC_MESSAGES = MessageProfile(
 )
 
 
-def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool = True) -> WorkflowProfile:
+def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool = True,
+                             policy_params: float | None = None) -> WorkflowProfile:
     """The documented, unmeasured profile used by ``plan`` before any profile exists.
 
     Affine time and memory per component from the tables in this module (order-of-magnitude
@@ -519,6 +533,10 @@ def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool 
         accelerator: False for CPU devices: state already lives in host memory, so offload and
             onload move nothing and cost 0 s (the tables' onload seconds are for an
             accelerator's host link).
+        policy_params: Parameters of the job's model (``policies.size.parameter_count``):
+            the rollout's and actor's memory and the weight sync of a VLA row are scaled by its
+            ratio to :data:`ANALYTIC_POLICY_PARAMS` (a tiny preset is not priced as the 7B
+            model); times stay the published size's guesses. None keeps the published size.
 
     Returns:
         A profile with components ``env``, ``rollout`` and ``actor``; ``source`` says it is the
@@ -527,22 +545,25 @@ def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool 
     env = _ENV_ANALYTIC.get(env_type, _ENV_ANALYTIC["gym"])
     rollout = _ROLLOUT_ANALYTIC.get(policy_type, _ROLLOUT_ANALYTIC["mlp"])
     actor = _ACTOR_ANALYTIC.get(policy_type, _ACTOR_ANALYTIC["mlp"])
-    sync = 0.5 if policy_type.startswith("openvla") else 0.01
+    ref = ANALYTIC_POLICY_PARAMS.get(policy_type)
+    sync = 0.5 if ref else 0.01
+    factor = policy_params / ref if (ref and policy_params) else 1.0
     if not accelerator:
         env, rollout, actor = (dataclasses.replace(a, onload_s=0.0) for a in (env, rollout, actor))
+    sized = "" if factor == 1.0 else f", memory scaled to {policy_params / 1e6:.3g}M parameters"
     return WorkflowProfile(
         components={
             "env": env.profile("env"),
-            "rollout": rollout.profile("rollout"),
-            "actor": actor.profile("actor"),
+            "rollout": rollout.profile("rollout").scaled(memory_factor=factor),
+            "actor": actor.profile("actor").scaled(memory_factor=factor),
         },
         device_memory_bytes=80 * GiB,
-        weight_sync_s=sync,
+        weight_sync_s=max(0.01, sync * factor),
         link_bandwidth_Bps=25e9,
         link_latency_s=1e-4,
         hardware="analytic 80 GiB accelerator" if accelerator else "analytic CPU devices (free offload)",
         messages=_ANALYTIC_MESSAGES,
-        source=(f"analytic default (env={env_type}, policy={policy_type}"
+        source=(f"analytic default (env={env_type}, policy={policy_type}{sized}"
                 + ("" if accelerator else ", CPU devices: offload costs 0 s") + "; not measured)"),
     )
 

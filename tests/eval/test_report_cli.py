@@ -85,6 +85,16 @@ def test_compare_pairs_and_refuses_other_protocols(tmp_path):
     assert out.exit_code == 2 and "does not exist" in out.output
 
 
+def test_compare_warns_about_an_unfinished_results_file(tmp_path):
+    a = _results(tmp_path / "a.json", tasks=[0, 1], trials_per_task=4)
+    b = _results(tmp_path / "b.json", tasks=[0, 1], trials_per_task=6)  # 8 of 12 written
+    c = compare(a, b)
+    assert c.warnings == [f"{b.path} is unfinished: 8 of 12 episodes (2 tasks x 6 trials); run "
+                          "its eval command again to finish it (it resumes)."]
+    out = runner.invoke(eval_app, ["compare", str(a.path), str(b.path)])
+    assert out.exit_code == 0 and "WARNING: " + c.warnings[0] in out.output
+
+
 def test_cli_runs_gym_eval(tmp_path):
     out = tmp_path / "r.json"
     res = runner.invoke(eval_app, ["--env", "gym", "--task", "toy/PointReach-v0", "--policy",

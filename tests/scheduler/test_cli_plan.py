@@ -113,3 +113,49 @@ def test_every_planned_placement_splits_the_envs_as_the_runtime_requires(tmp_pat
     three = plan_command(main, 3, False, [])
     assert "Configured: placement=collocated" in three and "train refuses it here: Set env.num_envs" in three
     assert "train refuses" not in plan_command(main, 2, False, [])
+
+
+def test_plan_prices_a_vla_by_its_parameter_count(tmp_path):
+    import pytest
+    import torch
+    from rlinf_embodied.policies.size import parameter_count, safetensors_parameter_count
+    from rlinf_embodied.scheduler.profiles import ANALYTIC_POLICY_PARAMS, GiB
+    from safetensors.torch import save_file
+
+    tiny = load_config(_job(tmp_path)).policy  # openvla, preset tiny, no checkpoint
+    n = parameter_count(tiny)
+    assert 1e5 < n < 1e7
+    # a checkpoint directory is counted from its safetensors headers
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(ckpt / "model.safetensors"))
+    with_ckpt = dataclasses.replace(tiny, pretrained=str(ckpt))
+    assert safetensors_parameter_count(ckpt) == 17 and parameter_count(with_ckpt) == 17
+    # a checkpoint not here: unknown size (the published one is assumed)
+    assert parameter_count(dataclasses.replace(tiny, pretrained=str(tmp_path / "nope"))) is None
+    assert parameter_count(dataclasses.replace(tiny, type="mlp")) is None
+    # memory scales with the count, times stay the published size's guesses
+    full = analytic_default_profile("maniskill", "openvla")
+    small = analytic_default_profile("maniskill", "openvla", policy_params=n)
+    ratio = n / ANALYTIC_POLICY_PARAMS["openvla"]
+    for name in ("rollout", "actor"):
+        assert small.components[name].static_bytes == pytest.approx(
+            full.components[name].static_bytes * ratio)
+        assert small.components[name].time_s == full.components[name].time_s
+    assert small.components["env"] == full.components["env"]
+    assert f"memory scaled to {n / 1e6:.3g}M parameters" in small.source
+    # π0 has a row of its own (3.3B), not the MLP's
+    assert analytic_default_profile("maniskill", "pi0").components["actor"].static_bytes == 55 * GiB
+    # the plan of the tiny model: a few GiB per device, not the 7B model's 80
+    out = json.loads(plan_command(_job(tmp_path), 2, True, []))
+    assert out["chosen"]["peak_gib_per_device"] < 10 and out["configured"]["over_memory"] is None
+
+
+def test_configured_plan_over_device_memory_says_why_it_is_not_chosen(tmp_path):
+    job = _job(tmp_path)
+    # a checkpoint that is not here is priced at the published 7.5B; 128 envs' whole-batch
+    # update (no micro-batches) on 2 devices exceeds 80 GiB, so the search picks micro-batches
+    args = ["policy.pretrained=/nowhere", "env.num_envs=128", "trainer.rollout_steps=12"]
+    text = plan_command(job, 2, False, args)
+    assert "; over the profile's device memory, so not searched: needs " in text, text
+    assert json.loads(plan_command(job, 2, True, args))["configured"]["over_memory"].startswith("needs ")
