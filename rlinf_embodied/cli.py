@@ -458,7 +458,7 @@ def train(
 def plan(
     config: str = typer.Argument(..., help="Job YAML path, or a shipped config's name (e.g. maniskill_pushcube_ppo_mlp)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides"),
-    devices: Optional[int] = typer.Option(None, "--devices", help="Plan for this many devices."),
+    devices: Optional[int] = typer.Option(None, "--devices", min=1, help="Plan for this many devices."),
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Choose placement (temporal / spatial / hybrid) and granularity from profiles.

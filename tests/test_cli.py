@@ -474,6 +474,9 @@ def test_command_line_errors_are_one_error_line(capsys):
         (["config", "show"], "config show --help')"),
         (["config", "show", "configs"], "error: Config path configs is a directory; pass a YAML file."),
         (["plan", "configs/"], "is a directory; pass a YAML file."),
+        # refused before the config loads (it took 5 s to say so)
+        (["plan", "maniskill_pushcube_ppo_mlp", "--devices", "0"],
+         "error: Invalid value for '--devices': Input should be greater than or equal to 1"),
         # an option's missing value: click gives no context, the hint names the subcommand
         (["eval", "compare", "a.json", "b.json", "--json"],
          "requires an argument. (see 'rlinf-embodied eval compare --help')"),

@@ -20,7 +20,8 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
-           "is_sft_pipeline", "check_no_rl_stage_keys"]
+           "is_sft_pipeline", "check_no_rl_stage_keys", "check_rl_family", "rl_config_policy_type",
+           "rl_configs_of"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
 """Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
@@ -270,3 +271,40 @@ def check_no_rl_stage_keys(overrides: list, sections: set) -> None:
             raise ConfigError(f"{item} sets the RL stage's job config, which an SFT pipeline "
                               f"takes through rl.overrides: pass 'rl.overrides=[\"{item}\"]' "
                               "(it adds to the pipeline's own).")
+
+
+def rl_configs_of(policy_type: str) -> list[str]:
+    """Names of the shipped RL fine-tuning configs (``configs/*finetune*.yaml``) whose
+    ``policy.type`` is ``policy_type``, for error messages."""
+    from rlinf_embodied.configs import ROOT
+
+    return sorted(p.stem for p in Path(ROOT).glob("*finetune*.yaml")
+                  if rl_config_policy_type(p) == policy_type)
+
+
+def rl_config_policy_type(rl_config: str | Path) -> Optional[str]:
+    """``policy.type`` of an RL job YAML (a path or a shipped config's name) read without
+    validating it, or None when it cannot be read or names none."""
+    from omegaconf import DictConfig
+
+    from rlinf_embodied.config.loading import peek_top_level
+
+    raw = peek_top_level(rl_config)
+    policy = raw.get("policy") if raw is not None else None
+    return policy.get("type") if isinstance(policy, DictConfig) else None
+
+
+def check_rl_family(cfg: "SFTJobConfig", rl_type: Optional[str]) -> None:
+    """The RL stage must train the SFT stage's family: ``rl_type`` (the RL config's
+    ``policy.type``; None: unknown, nothing checked) equals ``cfg.policy.type``.
+
+    Raises:
+        ConfigError: naming both types and the shipped RL configs of the SFT's family.
+    """
+    if rl_type is None or rl_type == cfg.policy.type:
+        return
+    raise ConfigError(
+        f"policy.type is {cfg.policy.type!r} in the SFT config but {rl_type!r} in the RL config "
+        f"{cfg.rl.config}: RL would start from an SFT checkpoint of another family; set "
+        f"rl.config to an RL config of {cfg.policy.type} ("
+        f"{', '.join(rl_configs_of(cfg.policy.type)) or 'none shipped'}).")

@@ -403,21 +403,6 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     return load_config(cfg.rl.config, [*forced, *cfg.rl.overrides, *(extra or [])])
 
 
-def rl_configs_of(policy_type: str) -> list[str]:
-    """Names of the shipped RL fine-tuning configs (``configs/*finetune*.yaml``) whose
-    ``policy.type`` is ``policy_type``, for error messages."""
-    from rlinf_embodied.config.loading import peek_top_level
-    from rlinf_embodied.configs import ROOT
-
-    out = []
-    for p in sorted(Path(ROOT).glob("*finetune*.yaml")):
-        raw = peek_top_level(p)
-        policy = raw.get("policy") if raw is not None else None
-        if policy is not None and policy.get("type") == policy_type:
-            out.append(p.stem)
-    return out
-
-
 def check_same_policy(cfg: SFTJobConfig, job) -> None:
     """The RL job's policy must act as the SFT stage's: same type (family) and, for VLAs, the
     same :data:`_VLA_BEHAVIOUR` fields.
@@ -426,13 +411,9 @@ def check_same_policy(cfg: SFTJobConfig, job) -> None:
         rlinf_embodied.config.ConfigError: naming the field, both values and the fix.
     """
     from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.sft.config import check_rl_family
 
-    if cfg.policy.type != job.policy.type:  # another family: another RL config, not a field
-        raise ConfigError(
-            f"policy.type is {cfg.policy.type!r} in the SFT config but {job.policy.type!r} in the "
-            f"RL config {cfg.rl.config}: RL would start from an SFT checkpoint of another family; "
-            f"set rl.config to an RL config of {cfg.policy.type} ("
-            f"{', '.join(rl_configs_of(cfg.policy.type)) or 'none shipped'}).")
+    check_rl_family(cfg, job.policy.type)
     fields = _VLA_BEHAVIOUR if cfg.policy.type in VLA_TYPES else ("type",)
     for name in fields:
         a, b = getattr(cfg.policy, name, None), getattr(job.policy, name, None)
@@ -457,9 +438,12 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.runners.setup import validate_job
 
+    from rlinf_embodied.sft.config import check_rl_family, rl_config_policy_type
+
     try:
         job = rl_job_config(cfg, extra)
     except ConfigError as e:  # a bad value in rl.config or rl.overrides: say which stage
+        check_rl_family(cfg, rl_config_policy_type(cfg.rl.config))  # or another family's config
         raise ConfigError(f"The RL stage (rl.config {cfg.rl.config} + rl.overrides): {e}") from None
     check_same_policy(cfg, job)
     try:

@@ -50,6 +50,14 @@ def test_rl_stage_of_another_family_is_refused(tmp_path):
         validate_rl_stage(cfg)
     # the fix names the family's own RL configs
     assert "set rl.config to an RL config of pi0 (maniskill_lang3_grpo_pi0_finetune" in str(e.value)
+    # a VLA's RL config for the state MLP pipeline fails on the pipeline's env (state obs for a
+    # camera suite) before the family check: the family is still what the error names
+    mlp = load_sft_config("configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", [
+        f"run.dir={tmp_path}", "rl.config=maniskill_lang3_grpo_openvla_finetune"])
+    with pytest.raises(ConfigError, match=r"^policy.type is 'mlp' in the SFT config but 'openvla' "
+                       r"in the RL config maniskill_lang3_grpo_openvla_finetune.*an RL config of "
+                       r"mlp \(maniskill_pushcube_grpo_mlp_finetune, maniskill_pushcube_ppo_mlp_finetune\)"):
+        validate_rl_stage(mlp)
 
 
 @pytest.mark.parametrize("have,want", [("pi0", "openvla_oft"), ("openvla", "pi05"), ("pi05", "pi0")])
