@@ -15,6 +15,7 @@ from rlinf_embodied.policies.base import (
 from rlinf_embodied.policies.registry import (
     PolicyCheckpointError,
     build_policy,
+    check_checkpoint,
     load_policy,
     policy_class,
     policy_types,
@@ -31,6 +32,7 @@ __all__ = [
     "PolicyCheckpointError",
     "SpaceSpec",
     "build_policy",
+    "check_checkpoint",
     "load_policy",
     "policy_class",
     "policy_types",

@@ -35,6 +35,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "PolicyCheckpointError",
     "build_policy",
+    "check_checkpoint",
     "load_policy",
     "policy_class",
     "policy_types",
@@ -184,6 +185,17 @@ def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig
         raise PolicyCheckpointError(f"Cannot read {cfg_path}: {e}") from None
     spec = SpaceSpec.from_dict(yaml.safe_load(spec_path.read_text()) or {})
     return cfg, spec
+
+
+def check_checkpoint(directory: str | os.PathLike, expected_type: str | None = None) -> None:
+    """What :func:`load_policy` checks before it builds anything (the files are there, the saved
+    type is ``expected_type``), for a job to refuse a bad ``policy.checkpoint`` before it starts
+    workers.
+
+    Raises:
+        PolicyCheckpointError: as :func:`load_policy` would (the message names the fix).
+    """
+    _read_meta(Path(directory), expected_type)
 
 
 def _load_weights(policy: Policy, directory: Path, saved_cfg: PolicyConfig) -> None:

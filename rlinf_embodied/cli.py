@@ -574,7 +574,9 @@ def run(argv: Optional[List[str]] = None) -> None:
         sys.exit(e.exit_code)
     except usage_error as e:
         path = e.ctx.command_path if e.ctx is not None else _command_path(argv)
-        _print_error(f"{e.format_message()} (see '{path} --help')")
+        hint = (" (train uses the CUDA devices it sees, or cluster.num_cpu_devices=N on CPU)"
+                if getattr(e, "option_name", None) == "--devices" else "")  # plan's option
+        _print_error(f"{e.format_message()}{hint} (see '{path} --help')")
         sys.exit(e.exit_code)
     except module.ClickException as e:
         _print_error(e.format_message())

@@ -13,7 +13,7 @@ from rlinf_embodied.scheduler.auto import (
     profile_for_config,
 )
 from rlinf_embodied.scheduler.cost_model import CostModel, Temporal, describe
-from rlinf_embodied.scheduler.planner import report_json, report_text
+from rlinf_embodied.scheduler.planner import granularity, report_json, report_text
 
 __all__ = ["capacity", "plan_command", "reasoning_plan_command", "shared_cores_note"]
 
@@ -109,6 +109,7 @@ def plan_command(
         header.append(
             f"Configured: placement={configured['placement']} {configured['predicted_iteration_s']:.4f} s "
             f"per iteration ({configured['plan']}, pipeline_stages={cfg.trainer.pipeline_stages}"
+            + "".join(f", micro_batch[{k}={v}]" for k, v in sorted(configured["micro_batch"].items()))
             + (", offload at every switch)" if configured["offload"] else ")")
             + (f"; train refuses it here: {configured['refused']}" if configured["refused"] else "")
             + _over_memory(configured)
@@ -195,6 +196,7 @@ def _configured(cfg, devices: int, profile, plan_fn=plan_for_placement,
     return {
         "placement": cfg.placement,
         "plan": describe(plan),
+        "micro_batch": granularity(plan)["micro_batch"],
         "offload": isinstance(plan, Temporal) and plan.offload,
         "predicted_iteration_s": round(cost.iteration_time(plan), 9),
         "refused": refusal(cfg, placement, devices) if refusal else None,

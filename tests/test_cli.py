@@ -55,6 +55,16 @@ def test_config_show_errors_are_clear(tmp_path):
     r = runner.invoke(app, ["train", "configs/maniskill_pushcube_ppo_mlp.yaml",
                             f"policy.checkpoint={p}", f"run.dir={tmp_path / 'run'}"])
     assert r.exit_code == 2 and f"policy.checkpoint={p} is a file, not a directory" in r.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(app, ["train", "configs/maniskill_ppo_openvla_tiny.yaml",
+                            f"policy.pretrained={empty}", f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 2 and f"policy.pretrained={empty} has no config.json" in r.output
+    r = runner.invoke(app, ["train", "configs/maniskill_pushcube_ppo_mlp.yaml",
+                            f"policy.checkpoint={empty}", f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 2 and f"{empty / 'policy.yaml'} is missing: {empty} is not a complete " \
+        "policy checkpoint" in r.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
@@ -187,7 +197,8 @@ def test_config_show_rejects_what_train_would_reject_later():
          "algorithm.group_size=1 with GRPO: a group of one rollout has advantage 0"),
         # the SFT pipeline's RL stage is resolved and checked too (finetune / sft-rl run it)
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.config=nope_config"],
-         "Config file not found: nope_config"),
+         "rl.config nope_config is neither a file nor a shipped config; the shipped RL configs of "
+         "mlp: maniskill_pushcube_grpo_mlp_finetune, maniskill_pushcube_ppo_mlp_finetune."),
         (["configs/sft/maniskill_pushcube_sft_rl_mlp.yaml", "rl.overrides=[trainer.critic_lr=abc]"],
          "trainer.critic_lr"),
     ):
@@ -457,7 +468,8 @@ def test_finetune_and_sft_rl_check_the_rl_stage_before_running_anything(tmp_path
     for cmd in ("finetune", "sft-rl"):
         r = runner.invoke(app, [cmd, "configs/sft/maniskill_pushcube_sft_rl_mlp.yaml",
                                 f"run.dir={tmp_path / cmd}", "rl.config=nope_config"])
-        assert r.exit_code == 2 and "Config file not found: nope_config" in r.output, (cmd, r.output)
+        assert r.exit_code == 2 and "rl.config nope_config is neither a file nor a shipped " \
+            "config" in r.output, (cmd, r.output)
         assert not (tmp_path / cmd).exists()  # no stage started
 
 
@@ -469,6 +481,8 @@ def test_command_line_errors_are_one_error_line(capsys):
 
     cases = [
         (["train", "--bogus"], "error: No such option: --bogus (see '"),
+        (["train", "maniskill_pushcube_ppo_mlp", "--devices", "2"], "error: No such option: "
+         "--devices (train uses the CUDA devices it sees, or cluster.num_cpu_devices=N on CPU)"),
         (["eval", "--env", "gym", "--trials-per-task", "abc"], "error: Invalid value for '--trials-per-task'"),
         (["plan"], "error: Missing argument 'config'."),
         (["config", "show"], "config show --help')"),

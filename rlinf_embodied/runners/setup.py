@@ -14,8 +14,10 @@ __all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_poli
 
 
 def check_policy_paths(cfg: JobConfig) -> None:
-    """``policy.checkpoint`` / ``policy.pretrained`` name directories that exist (``train`` and
-    ``config show`` check them before Ray starts; nothing is downloaded, so a hub id is no path).
+    """``policy.checkpoint`` / ``policy.pretrained`` name checkpoint directories that are here
+    (``train`` and ``config show`` check them before Ray starts; nothing is downloaded, so a
+    hub id is no path): a checkpoint's files and saved type as ``load_policy`` checks them, a
+    pretrained directory's ``config.json``.
     Not part of :func:`validate_job`: an SFT pipeline's RL stage names ``sft/vla`` before the
     SFT stage writes it.
 
@@ -30,6 +32,19 @@ def check_policy_paths(cfg: JobConfig) -> None:
                 f"policy.{key}={path} {what}; set it to a checkpoint directory (a run's "
                 f"policy/ or an SFT run's sft/vla; published checkpoints are downloaded "
                 f"beforehand, nothing is fetched at run time) or drop it to start from config.")
+    pretrained = getattr(cfg.policy, "pretrained", None)
+    if pretrained and not (Path(pretrained) / "config.json").is_file():  # every published layout
+        raise ConfigError(
+            f"policy.pretrained={pretrained} has no config.json: it is no checkpoint in a "
+            f"published layout (config.json + safetensors weights, e.g. an SFT run's sft/vla); "
+            f"point it at one or drop it to start from config.")
+    if cfg.policy.checkpoint:
+        from rlinf_embodied.policies import PolicyCheckpointError, check_checkpoint
+
+        try:
+            check_checkpoint(cfg.policy.checkpoint, cfg.policy.type)
+        except PolicyCheckpointError as e:
+            raise ConfigError(str(e)) from None
 
 
 def resolve_placement(name: str) -> Path:
@@ -365,5 +380,13 @@ def _auto_placement(cfg: JobConfig, cluster, run_dir: Path, run_id: str):
     placement, report = auto_plan(cfg, cluster, run_dir)
     print(report["text"])
     stages = int(report["granularity"].get("pipeline_stages", cfg.trainer.pipeline_stages))
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, pipeline_stages=stages))
+    micro = cfg.trainer.micro_batch_size  # the plan's actor micro-batch unless the job sets one
+    planned = report["granularity"]["micro_batch"].get("actor")
+    if micro is None:
+        micro = planned
+    elif planned is not None and planned != micro:
+        print(f"placement=auto: keeping trainer.micro_batch_size={micro} (the plan's: {planned}; "
+              "set trainer.micro_batch_size=null to run the plan's).")
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, pipeline_stages=stages, micro_batch_size=micro))
     return PlacementPlan.from_dict(placement), cfg

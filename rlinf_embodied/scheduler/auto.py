@@ -203,7 +203,8 @@ def profile_for_config(cfg: Any, run_dir: str | Path | None,
 
     return analytic_default_profile(cfg.env.type, cfg.policy.type,
                                     accelerator=torch.cuda.device_count() > 0,
-                                    policy_params=policy_params)
+                                    policy_params=policy_params,
+                                    lora_rank=int(getattr(cfg.policy, "lora_rank", 0) or 0))
 
 
 def plan_config(

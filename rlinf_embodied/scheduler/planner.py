@@ -456,8 +456,10 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
     from rlinf_embodied.runtime.placement import PlacementPlan  # the name train prints for it
 
     name = PlacementPlan.from_dict(place).mode(result.devices)
-    lines.append(f"  mode as a config: placement={name} (its shipped layout); placement=auto "
-                 "runs this exact plan")
+    mb = granularity(b.plan)["micro_batch"].get("actor")
+    lines.append(f"  mode as a config: placement={name} (its shipped layout)"
+                 + (f" with trainer.micro_batch_size={mb}" if mb else "")
+                 + "; placement=auto plans and runs it")
     lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     lines.append(f"  context_switch: {str(place['context_switch']).lower()}")
     if place["context_switch"]:

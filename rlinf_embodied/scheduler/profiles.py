@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 
 __all__ = [
     "ANALYTIC_POLICY_PARAMS",
+    "LORA_TRAINABLE_PER_RANK",
     "RELATIONS",
     "ComponentProfile",
     "GiB",
@@ -507,6 +508,12 @@ _ACTOR_ANALYTIC: dict[str, _Analytic] = {
 ANALYTIC_POLICY_PARAMS: dict[str, float] = {
     "openvla": 7.5e9, "openvla_oft": 7.5e9, "pi0": 3.3e9, "pi05": 3.3e9}
 
+#: LoRA's trainable share of the parameters per unit of rank: rank-r adapters on every linear
+#: layer of OpenVLA's Llama-2 7B (q, k, v, o: 4096 x 4096; gate, up, down: 4096 x 11008) hold
+#: r x 78,080 x 32 layers = r x 2.5M weights, 3.3e-4 x r of 7.5B (rank 32: 80M, 1.3 GB of
+#: weights, gradients and Adam state).
+LORA_TRAINABLE_PER_RANK = 3.3e-4
+
 
 # Guess, not a measurement: about 1 ms per channel message (a queue-actor round trip plus a
 # process wake-up on an idle machine) and 5 GB/s for the payload (one host memory copy).
@@ -519,7 +526,7 @@ _ANALYTIC_MESSAGES = MessageProfile(
 
 
 def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool = True,
-                             policy_params: float | None = None) -> WorkflowProfile:
+                             policy_params: float | None = None, lora_rank: int = 0) -> WorkflowProfile:
     """The documented, unmeasured profile used by ``plan`` before any profile exists.
 
     Affine time and memory per component from the tables in this module (order-of-magnitude
@@ -537,6 +544,10 @@ def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool 
             the rollout's and actor's memory and the weight sync of a VLA row are scaled by its
             ratio to :data:`ANALYTIC_POLICY_PARAMS` (a tiny preset is not priced as the 7B
             model); times stay the published size's guesses. None keeps the published size.
+        lora_rank: ``policy.lora_rank`` of a VLA row: the actor's static memory becomes the
+            frozen bf16 weights (2 bytes per parameter) plus 16 bytes per trainable LoRA
+            parameter (:data:`LORA_TRAINABLE_PER_RANK`) instead of full fine-tuning's 16 bytes
+            per parameter; its activations are kept.
 
     Returns:
         A profile with components ``env``, ``rollout`` and ``actor``; ``source`` says it is the
@@ -550,7 +561,14 @@ def analytic_default_profile(env_type: str, policy_type: str, accelerator: bool 
     factor = policy_params / ref if (ref and policy_params) else 1.0
     if not accelerator:
         env, rollout, actor = (dataclasses.replace(a, onload_s=0.0) for a in (env, rollout, actor))
-    sized = "" if factor == 1.0 else f", memory scaled to {policy_params / 1e6:.3g}M parameters"
+    if ref and policy_params is None:
+        sized = f", {ref / 1e9:.2g}B parameters assumed (the published size)"
+    else:
+        sized = "" if factor == 1.0 else f", memory scaled to {policy_params / 1e6:.3g}M parameters"
+    if ref and lora_rank > 0:  # frozen bf16 weights + the adapters' full training state
+        share = min(1.0, LORA_TRAINABLE_PER_RANK * lora_rank)
+        actor = dataclasses.replace(actor, static_gib=actor.static_gib * (2 + 16 * share) / 16)
+        sized += f", LoRA rank {lora_rank}"
     return WorkflowProfile(
         components={
             "env": env.profile("env"),

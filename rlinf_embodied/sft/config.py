@@ -20,7 +20,7 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
-           "is_sft_pipeline", "check_no_rl_stage_keys", "check_rl_family", "rl_config_policy_type",
+           "is_sft_pipeline", "check_no_rl_stage_keys", "check_rl_config_found", "check_rl_family", "rl_config_policy_type",
            "rl_configs_of"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
@@ -292,6 +292,23 @@ def rl_config_policy_type(rl_config: str | Path) -> Optional[str]:
     raw = peek_top_level(rl_config)
     policy = raw.get("policy") if raw is not None else None
     return policy.get("type") if isinstance(policy, DictConfig) else None
+
+
+def check_rl_config_found(cfg: "SFTJobConfig") -> None:
+    """``rl.config`` names a file or a shipped config (the loader's did-you-mean ranks every
+    config by spelling, so it may suggest another family's).
+
+    Raises:
+        ConfigError: naming the shipped RL configs of the pipeline's family.
+    """
+    from rlinf_embodied.config.loading import shipped_config
+
+    if Path(cfg.rl.config).is_file() or shipped_config(cfg.rl.config) is not None:
+        return
+    raise ConfigError(
+        f"rl.config {cfg.rl.config} is neither a file nor a shipped config; the shipped RL "
+        f"configs of {cfg.policy.type}: "
+        f"{', '.join(rl_configs_of(cfg.policy.type)) or 'none (write one: docs/sft.md)'}.")
 
 
 def check_rl_family(cfg: "SFTJobConfig", rl_type: Optional[str]) -> None:

@@ -438,12 +438,14 @@ def validate_rl_stage(cfg: SFTJobConfig, extra: list[str] | None = None):
     from rlinf_embodied.config import ConfigError
     from rlinf_embodied.runners.setup import validate_job
 
-    from rlinf_embodied.sft.config import check_rl_family, rl_config_policy_type
+    from rlinf_embodied.sft.config import (check_rl_config_found, check_rl_family,
+                                           rl_config_policy_type)
 
     try:
         job = rl_job_config(cfg, extra)
     except ConfigError as e:  # a bad value in rl.config or rl.overrides: say which stage
-        check_rl_family(cfg, rl_config_policy_type(cfg.rl.config))  # or another family's config
+        check_rl_config_found(cfg)  # or a missing rl.config, or another family's config
+        check_rl_family(cfg, rl_config_policy_type(cfg.rl.config))
         raise ConfigError(f"The RL stage (rl.config {cfg.rl.config} + rl.overrides): {e}") from None
     check_same_policy(cfg, job)
     try:

@@ -119,7 +119,8 @@ def test_plan_prices_a_vla_by_its_parameter_count(tmp_path):
     import pytest
     import torch
     from rlinf_embodied.policies.size import parameter_count, safetensors_parameter_count
-    from rlinf_embodied.scheduler.profiles import ANALYTIC_POLICY_PARAMS, GiB
+    from rlinf_embodied.scheduler.profiles import (ANALYTIC_POLICY_PARAMS, LORA_TRAINABLE_PER_RANK,
+                                                   GiB)
     from safetensors.torch import save_file
 
     tiny = load_config(_job(tmp_path)).policy  # openvla, preset tiny, no checkpoint
@@ -144,6 +145,15 @@ def test_plan_prices_a_vla_by_its_parameter_count(tmp_path):
         assert small.components[name].time_s == full.components[name].time_s
     assert small.components["env"] == full.components["env"]
     assert f"memory scaled to {n / 1e6:.3g}M parameters" in small.source
+    assert "7.5B parameters assumed (the published size)" in full.source
+    # LoRA: frozen bf16 weights + the adapters' training state, activations unchanged
+    lora = analytic_default_profile("maniskill", "openvla", lora_rank=32)
+    share = 32 * LORA_TRAINABLE_PER_RANK
+    assert lora.components["actor"].static_bytes == pytest.approx(
+        full.components["actor"].static_bytes * (2 + 16 * share) / 16)
+    assert lora.components["actor"].activation_bytes(64) == pytest.approx(
+        full.components["actor"].activation_bytes(64))
+    assert "LoRA rank 32" in lora.source
     # π0 has a row of its own (3.3B), not the MLP's
     assert analytic_default_profile("maniskill", "pi0").components["actor"].static_bytes == 55 * GiB
     # the plan of the tiny model: a few GiB per device, not the 7B model's 80
@@ -159,3 +169,29 @@ def test_configured_plan_over_device_memory_says_why_it_is_not_chosen(tmp_path):
     text = plan_command(job, 2, False, args)
     assert "; over the profile's device memory, so not searched: needs " in text, text
     assert json.loads(plan_command(job, 2, True, args))["configured"]["over_memory"].startswith("needs ")
+
+
+def test_placement_auto_runs_the_planned_actor_micro_batch(tmp_path, monkeypatch, capsys):
+    """train's placement=auto applies the plan's pipeline stages and actor micro-batch (what
+    `plan` prints as `trainer.micro_batch_size=N`), unless the job sets its own micro-batch."""
+    from types import SimpleNamespace
+
+    import rlinf_embodied.scheduler.auto as auto
+    from rlinf_embodied.runners import setup
+
+    cfg = load_config(_job(tmp_path))
+    assert cfg.trainer.micro_batch_size is None
+    placement = {"context_switch": True, "offload": True,
+                 "groups": {g: {"devices": "0"} for g in ("env", "rollout", "actor")}}
+    report = {"text": "the plan", "granularity": {"pipeline_stages": 2, "micro_batch": {"actor": 7}}}
+    monkeypatch.setattr(auto, "profile_for_config", lambda *a, **k: SimpleNamespace(source="cached"))
+    monkeypatch.setattr(auto, "auto_plan", lambda *a, **k: (placement, report))
+    _, out = setup._auto_placement(cfg, 1, tmp_path, "id")
+    assert (out.trainer.pipeline_stages, out.trainer.micro_batch_size) == (2, 7)
+    own = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=5))
+    _, out = setup._auto_placement(own, 1, tmp_path, "id")
+    assert out.trainer.micro_batch_size == 5
+    assert ("placement=auto: keeping trainer.micro_batch_size=5 (the plan's: 7; set "
+            "trainer.micro_batch_size=null to run the plan's)") in capsys.readouterr().out
+    text = plan_command(_job(tmp_path), 2, False, [])
+    assert "with trainer.micro_batch_size=" in text and "placement=auto plans and runs it" in text
