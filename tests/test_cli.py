@@ -80,6 +80,12 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
     assert job["env"]["suite"] == "maniskill_lang3" and job["env"]["task_ids"] == [0, 1]
     assert job["policy"]["pretrained"] == str((tmp_path / "sft" / "vla").resolve())
     assert job["run"]["dir"] == str(tmp_path / "rl") and "bc" not in job
+    # the token OpenVLA's: a fixed 34 iterations, rollouts at temperature 1.3 (docs/vla_suite.md)
+    r = runner.invoke(app, ["config", "show", "configs/sft/maniskill_lang3_sft_rl_openvla.yaml",
+                            f"run.dir={tmp_path}", "--rl-stage"])
+    token = yaml.safe_load(r.stdout)
+    assert (token["trainer"]["iterations"], token["trainer"]["eval_every"]) == (34, 0)
+    assert token["policy"]["temperature"] == 1.3 and token["policy"]["type"] == "openvla"
     assert "it does not exist yet (run `rlinf-embodied sft` first)" in r.stderr
     # the pipeline's own sections without the flag: rl.overrides as written
     pipeline = yaml.safe_load(runner.invoke(app, args).stdout)
