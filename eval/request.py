@@ -357,14 +357,17 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 
-def _suite_env(suite: Optional[str]) -> Optional[str]:
-    """The env type of a suite as the env registry names it (``libero/libero_spatial``,
-    ``maniskill/maniskill_lang3``: ``envs list``), else None."""
+def _suite_types() -> Dict[str, set]:
+    """Each suite the env registry names (``libero/libero_spatial``, ``maniskill/maniskill_lang3``:
+    ``envs list``) -> the env types that serve it."""
     from rlinf_embodied.envs.registry import env_entry, env_ids
 
-    types = {env_entry(i).defaults["type"] for i in env_ids()
-             if suite is not None and env_entry(i).defaults.get("suite") == suite}
-    return types.pop() if len(types) == 1 else None
+    out: Dict[str, set] = {}
+    for i in env_ids():
+        d = env_entry(i).defaults
+        if d.get("suite"):
+            out.setdefault(d["suite"], set()).add(d["type"])
+    return out
 
 
 def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
@@ -398,15 +401,15 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
                 raise EvalError(f"--policy {req.policy} is an SFT -> RL pipeline's directory; "
                                 f"give its RL run (--policy {pipeline / 'rl'}) or its SFT "
                                 f"checkpoint (--policy {pipeline / 'sft' / 'policy'}).")
-            suite_env = _suite_env(req.suite)
-            if suite_env is None and req.suite is not None:
+            suites = _suite_types()
+            if req.suite is not None and req.suite not in suites:
                 from rlinf_embodied.config.errors import suggest
-                from rlinf_embodied.envs.registry import env_entry, env_ids
 
-                known = sorted({env_entry(i).defaults["suite"] for i in env_ids()
-                                if env_entry(i).defaults.get("suite")})
+                known = sorted(suites)
                 raise EvalError(f"Unknown --suite {req.suite!r}{suggest(req.suite, known) or '.'} "
                                 f"Registered suites: {', '.join(known)} (`envs list`).")
+            types = suites.get(req.suite, set())
+            suite_env = next(iter(types)) if len(types) == 1 else None
             if suite_env is None:
                 raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), "
                                 "unless --policy is a training run or --suite names a suite.")

@@ -575,7 +575,8 @@ def run(argv: Optional[List[str]] = None) -> None:
     except usage_error as e:
         path = e.ctx.command_path if e.ctx is not None else _command_path(argv)
         hint = (" (train uses the CUDA devices it sees, or cluster.num_cpu_devices=N on CPU)"
-                if getattr(e, "option_name", None) == "--devices" else "")  # plan's option
+                if getattr(e, "option_name", None) == "--devices" and path.endswith(" train")
+                else "")  # plan's option given to train
         _print_error(f"{e.format_message()}{hint} (see '{path} --help')")
         sys.exit(e.exit_code)
     except module.ClickException as e:

@@ -9,16 +9,15 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, JobConfig
 
 __all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_policy",
-           "check_minibatches", "check_plan_fits", "check_policy_paths", "group_ranks", "launch_groups", "open_cluster",
-           "resolve_placement", "validate_job"]
+           "check_minibatches", "check_plan_fits", "check_policy_paths", "group_ranks",
+           "launch_groups", "open_cluster", "resolve_placement", "validate_job"]
 
 
 def check_policy_paths(cfg: JobConfig) -> None:
     """``policy.checkpoint`` / ``policy.pretrained`` name checkpoint directories that are here
     (``train`` and ``config show`` check them before Ray starts; nothing is downloaded, so a
     hub id is no path): a checkpoint's files and saved type as ``load_policy`` checks them, a
-    pretrained directory's ``config.json``.
-    Not part of :func:`validate_job`: an SFT pipeline's RL stage names ``sft/vla`` before the
+    pretrained directory's ``config.json``. Not part of :func:`validate_job`: an SFT pipeline's RL stage names ``sft/vla`` before the
     SFT stage writes it.
 
     Raises:

@@ -20,8 +20,8 @@ from typing import Optional
 from rlinf_embodied.config import ConfigError, EnvConfig, PolicyConfig, RunConfig, config_class
 
 __all__ = ["BCConfig", "DemoConfig", "RLStageConfig", "SFTEvalConfig", "SFTJobConfig", "VLA_TYPES",
-           "is_sft_pipeline", "check_no_rl_stage_keys", "check_rl_config_found", "check_rl_family", "rl_config_policy_type",
-           "rl_configs_of"]
+           "is_sft_pipeline", "check_no_rl_stage_keys", "check_rl_config_found", "check_rl_family",
+           "rl_config_policy_type", "rl_configs_of"]
 
 VLA_TYPES = ("openvla", "openvla_oft", "pi0", "pi05")
 """Policy types trained on a language-conditioned suite's RGB demonstrations and saved in their
