@@ -364,6 +364,9 @@ def train(
     run is lost (a worker's error, or a lost rank or node after trainer.max_restarts restarts
     from the last checkpoint, or with no capacity left). The last lines always say which
     checkpoint holds the run.
+
+    Devices: the CUDA devices the machine has; on CPU, ``cluster.num_cpu_devices=N`` gives
+    the placement N devices (what ``plan --devices N`` plans for).
     """
     from rlinf_embodied.config import ConfigError, check_repeated_overrides, load_config
     from rlinf_embodied.reasoning.config import is_reasoning_job

@@ -151,6 +151,11 @@ def test_config_show_rejects_what_train_would_reject_later():
          "expected a list of int, or null, got 'abc' (str)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "eval.num_episodes=[1]"],
          "expected int, got [1] (list)"),
+        # a wrong plain value names the config's own value as an example of the type
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer.lr=abc"],
+         "expected float, got 'abc' (str) (e.g. trainer.lr=0.0003)."),
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer.offload=maybe"],
+         "expected bool, got 'maybe' (str) (e.g. trainer.offload=false)."),
         # a mapping for a list field (and the other way round): OmegaConf says only
         # "Cannot merge incompatible container types"
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_ramp={a: 1}"],

@@ -229,8 +229,16 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
             value = value._value()
         shown = "null" if value is None else repr(value)
         kind = "" if shown == "null" else f" ({value_kind(value)})"
+        try:  # the value the config had before: an example of the type
+            before = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
+        except Exception:  # noqa: BLE001 - an interpolation or a missing value: no example
+            before = None
+        example = ""
+        if isinstance(before, (bool, int, float, str)) and not isinstance(before, type(value)):
+            example = f" (e.g. {key}={str(before).lower() if isinstance(before, bool) else before})"
         return ConfigError(
-            f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}."
+            f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}"
+            f"{example}."
         )
     return ConfigError(f"Invalid config in {source}: {one_line(e)}")
 
