@@ -409,8 +409,8 @@ def train(
                 run_dir = _fresh_run_dir(cfg.run.run_dir())
             from rlinf_embodied.runners.setup import check_policy_paths, validate_job
 
+            check_policy_paths(cfg)  # first: it needs neither torch nor the simulators
             validate_job(cfg)
-            check_policy_paths(cfg)
             if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
                 from rlinf_embodied.checkpoint import unwritable
                 from rlinf_embodied.sft.gate import GateError, gate_for_job
