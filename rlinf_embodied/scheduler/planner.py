@@ -416,6 +416,12 @@ def search(
         for m in MODES
         if m not in by_mode
     }
+    nodes = [n for st in s.stages for n in st.members]
+    if "spatial" in rejected and 1 < len(nodes) and used < len(nodes) and (
+            "spatial" not in why or why["spatial"].startswith("a spatial plan needs")):
+        # a split that leaves two nodes on one device is temporal there: a hybrid plan
+        rejected["spatial"] = (f"a spatial plan gives each of {', '.join(nodes)} its own "
+                               f"devices: at least {len(nodes)} (got {used})")
     return PlanResult(
         devices=devices,
         best=cands[0],

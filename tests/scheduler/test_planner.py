@@ -55,6 +55,20 @@ def test_hybrid_for_the_embodied_pattern():
     PlacementPlan.from_dict(r.placement()).validate(8)  # the runtime accepts the shape
 
 
+def test_spatial_names_the_devices_it_needs_below_one_per_node():
+    """On fewer devices than nodes every split time-shares a device (a hybrid plan): the
+    report names how many devices a spatial plan needs, on 1 device and on 2 alike."""
+    graph, prof = scenarios.embodied_maniskill_like()
+    import dataclasses
+
+    roomy = dataclasses.replace(prof, device_memory_bytes=1000 * GiB)
+    for d in (1, 2):
+        r = search(graph, roomy, d)
+        assert r.rejected["spatial"] == ("a spatial plan gives each of env, rollout, actor its "
+                                         f"own devices: at least 3 (got {d})")
+    assert "spatial" in search(graph, roomy, 3).by_mode
+
+
 def test_infeasible_plan_is_rejected_with_reason():
     graph, prof = scenarios.embodied_maniskill_like()
     cm = CostModel(prof)
