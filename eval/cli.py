@@ -183,6 +183,10 @@ def eval_command(
                    else "--env libero --suite libero_spatial")
         _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. {example} "
               f"--policy random).")
+    from rlinf_embodied.eval.sources import missing_source
+
+    if (why := missing_source(policy)) is not None:  # before any env is built (a minute)
+        _fail(why)
     if max_steps is not None and max_steps < 1:  # before the protocol's "or null" wording
         _fail(f"--max-steps must be >= 1 (got {max_steps}); leave it out for the protocol's own.")
     if image_size is not None and image_size < 1:

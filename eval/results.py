@@ -255,10 +255,17 @@ class ResultsFile:
                 "reports): pass the results .json."
             ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
+            if isinstance(data, dict) and "iteration" in data and "trials" in data:
+                run = p.parent.parent if p.parent.name == "eval" else Path("RUN")
+                raise ResultsError(
+                    f"{p} is a training run's in-training evaluation (iteration "
+                    f"{data['iteration']}), not an `eval` results file; to compare that run, "
+                    f"evaluate it into one: rlinf-embodied eval --policy {run} --run-trials "
+                    f"--output RESULTS.json.")
             raise ResultsError(
                 f"{p} is not an rlinf-embodied results file (format "
                 f"{data.get('format') if isinstance(data, dict) else None!r}, expected "
-                f"{FORMAT!r})."
+                f"{FORMAT!r}); pass the --output of an `rlinf-embodied eval` run."
             )
         eps = [Episode.from_dict(d) for d in data.get("episodes", [])]
         return cls(p, data.get("header", {}), eps)

@@ -85,6 +85,9 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
                             f"run.dir={tmp_path}", "--rl-stage"])
     token = yaml.safe_load(r.stdout)
     assert (token["trainer"]["iterations"], token["trainer"]["eval_every"]) == (34, 0)
+    # the time budget only a cap: 34 iterations at the 85 s of a loaded machine fit (2,400 s
+    # stopped a rerun after 31)
+    assert token["trainer"]["max_time_s"] >= 34 * 85 + 300
     assert token["policy"]["temperature"] == 1.3 and token["policy"]["type"] == "openvla"
     assert "it does not exist yet (run `rlinf-embodied sft` first)" in r.stderr
     # the pipeline's own sections without the flag: rl.overrides as written
@@ -765,6 +768,32 @@ def test_eval_refuses_devices_sizes_and_task_ranges_it_cannot_use(tmp_path):
                             "random", "-o", str(tmp_path / "m.json")])
     assert r.exit_code == 2 and ("--task toy/PointReach-v0 is a gym env (`envs list`); pass --env "
                                  "gym or leave --env out.") in r.output, r.output
+
+
+def test_eval_refuses_a_missing_policy_before_building_an_env(tmp_path, monkeypatch):
+    """With --env given, a --policy path that does not exist is refused before any env is
+    built (it took about a minute of ManiSkill construction), and `eval compare` of a training
+    run's in-training evaluation names the command that writes a comparable file."""
+    import rlinf_embodied.eval.run as run_mod
+
+    def no_env(*a, **k):
+        raise AssertionError("evaluate() ran")
+
+    monkeypatch.setattr(run_mod, "evaluate", no_env)
+    r = runner.invoke(app, ["eval", "--env", "maniskill", "--suite", "maniskill_lang3", "--policy",
+                            str(tmp_path / "nothing"), "-o", str(tmp_path / "r.json")])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().startswith(f"error: --policy {tmp_path / 'nothing'}: no such file or "
+                                       "directory"), r.output
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "latest.json").write_text(json.dumps({"iteration": 3, "trials": []}))
+    r = runner.invoke(app, ["eval", "compare", str(run / "eval" / "latest.json"),
+                            str(run / "eval" / "latest.json")])
+    assert r.exit_code == 2, r.output
+    assert (f"is a training run's in-training evaluation (iteration 3), not an `eval` results "
+            f"file; to compare that run, evaluate it into one: rlinf-embodied eval --policy {run} "
+            f"--run-trials --output RESULTS.json.") in " ".join(r.output.split()), r.output
 
 
 def test_eval_flags_that_do_not_fit_the_env_or_the_comparison_are_refused(tmp_path):
