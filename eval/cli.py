@@ -183,7 +183,7 @@ def eval_command(
                    else "--env libero --suite libero_spatial")
         _fail(f"{missing} {'are' if ' and ' in missing else 'is'} required (e.g. {example} "
               f"--policy random).")
-    from rlinf_embodied.eval.sources import missing_source
+    from rlinf_embodied.eval.policy_files import missing_source
 
     if (why := missing_source(policy)) is not None:  # before any env is built (a minute)
         _fail(why)

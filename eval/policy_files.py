@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, List, Optional
 
-__all__ = ["PolicySourceError", "hash_files", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+__all__ = ["PolicySourceError", "hash_files", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
            "choose_unnorm_key"]
 
 
@@ -169,3 +169,19 @@ def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Opti
         f"{path} has statistics for {keys} but none of {tried or ['(no suite)']}; it was not "
         "fine-tuned on this suite, or pass a checkpoint whose dataset_statistics.json names it."
     )
+
+
+def missing_source(source: str) -> Optional[str]:
+    """Why ``--policy source`` names nothing on this machine (a path that does not exist and
+    is neither ``random`` nor ``module:function``), or None. Cheap: ``eval`` asks it before
+    building any env."""
+    path = Path(source).expanduser()
+    if source == "random" or path.exists() or (
+            ":" in source and not source.startswith((".", "/", "~"))):
+        return None
+    from rlinf_embodied.config.errors import suggest
+
+    return (f"--policy {source}: no such file or directory (absolute: {path.resolve()})"
+            f"{suggest(source, ['random']) or '.'} --policy takes a "
+            "training run or checkpoint directory, a published OpenVLA/OFT directory, 'random', "
+            "or module:function.")

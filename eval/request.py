@@ -386,16 +386,10 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
     log = log or (lambda line: print(line, file=sys.stderr))
     if req.env is None:  # a training run names its own env type
         if run_env.get("type") not in families and not is_custom_env(run_env.get("type")):
-            from pathlib import Path
+            from rlinf_embodied.eval.policy_files import missing_source
 
-            if (not run_env and req.policy != "random" and ":" not in req.policy
-                    and not Path(req.policy).exists()):
-                from rlinf_embodied.config.errors import suggest
-
-                raise EvalError(f"--policy {req.policy}: no such file or directory"
-                                f"{suggest(req.policy, ['random']) or '.'} (Give a "
-                                "training run, a checkpoint, a published model directory, "
-                                "random or module:function).")
+            if not run_env and (why := missing_source(req.policy)) is not None:
+                raise EvalError(why)
             pipeline = Path(req.policy)
             if not run_env and ((pipeline / "rl").is_dir() or (pipeline / "sft" / "policy").is_dir()):
                 raise EvalError(f"--policy {req.policy} is an SFT -> RL pipeline's directory; "

@@ -50,10 +50,11 @@ from rlinf_embodied.eval.policy_files import (
     choose_unnorm_key,
     find_checkpoint,
     hash_files,
+    missing_source,
     vla_type,
 )
 
-__all__ = ["PolicyContext", "LoadedPolicy", "missing_source", "resolve_policy", "oft_layout"]
+__all__ = ["PolicyContext", "LoadedPolicy", "resolve_policy", "oft_layout"]
 
 
 @dataclass
@@ -469,18 +470,3 @@ def resolve_policy(source: str, ctx: PolicyContext,
         return _load_callable(source, ctx)
     raise PolicySourceError(missing_source(source))
 
-
-def missing_source(source: str) -> Optional[str]:
-    """Why ``--policy source`` names nothing on this machine (a path that does not exist and
-    is neither ``random`` nor ``module:function``), or None. Cheap: ``eval`` asks it before
-    building any env."""
-    path = Path(source).expanduser()
-    if source == "random" or path.exists() or (
-            ":" in source and not source.startswith((".", "/", "~"))):
-        return None
-    from rlinf_embodied.config.errors import suggest
-
-    return (f"--policy {source}: no such file or directory (absolute: {path.resolve()})"
-            f"{suggest(source, ['random']) or '.'} --policy takes a "
-            "training run or checkpoint directory, a published OpenVLA/OFT directory, 'random', "
-            "or module:function.")

@@ -417,9 +417,9 @@ def search(
         if m not in by_mode
     }
     nodes = [n for st in s.stages for n in st.members]
-    if "spatial" in rejected and 1 < len(nodes) and used < len(nodes) and (
-            "spatial" not in why or why["spatial"].startswith("a spatial plan needs")):
-        # a split that leaves two nodes on one device is temporal there: a hybrid plan
+    if "spatial" in rejected and 1 < len(nodes) and used < len(nodes):
+        # a split that leaves two nodes on one device is temporal there (a hybrid plan): with
+        # fewer devices than nodes that, not a sub-plan's reason, is why no plan is spatial
         rejected["spatial"] = (f"a spatial plan gives each of {', '.join(nodes)} its own "
                                f"devices: at least {len(nodes)} (got {used})")
     return PlanResult(
