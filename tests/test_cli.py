@@ -153,7 +153,7 @@ def test_config_show_rejects_what_train_would_reject_later():
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.success_hold_ramp=abc"],
          "expected a list of int, or null, got 'abc' (str)"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "eval.num_episodes=[1]"],
-         "expected int, got [1] (list)"),
+         "expected int, got [1] (list) (e.g. eval.num_episodes=32)."),
         # a wrong plain value names the config's own value as an example of the type
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer.lr=abc"],
          "expected float, got 'abc' (str) (e.g. trainer.lr=0.0003)."),

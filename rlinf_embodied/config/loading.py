@@ -200,6 +200,14 @@ def _variants_with_field(section: str, field: str) -> List[str]:
     return owners
 
 
+def _example(key: str, before: Any) -> str:
+    """`` (e.g. trainer.lr=0.0003)``: the config's own value of ``key`` as an example of its
+    type (bools as YAML writes them); "" when that value is not a plain scalar."""
+    if not isinstance(before, (bool, int, float, str)):
+        return ""
+    return f" (e.g. {key}={str(before).lower() if isinstance(before, bool) else before})"
+
+
 def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or ""
     if isinstance(e, ConfigKeyError) and key:
@@ -233,9 +241,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
             before = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
         except Exception:  # noqa: BLE001 - an interpolation or a missing value: no example
             before = None
-        example = ""
-        if isinstance(before, (bool, int, float, str)) and not isinstance(before, type(value)):
-            example = f" (e.g. {key}={str(before).lower() if isinstance(before, bool) else before})"
+        example = _example(key, before) if not isinstance(before, type(value)) else ""
         return ConfigError(
             f"Wrong type for config key {key!r} in {source}: expected {expected}, got {shown}{kind}"
             f"{example}."
@@ -336,7 +342,7 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
         expected = field_type_name(cls, leaf)
         shown = o.partition("=")[2].strip()
         return ConfigError(f"Wrong type for config key {key!r} in {source}: expected {expected}, "
-                           f"got {shown} ({value_kind(new)}).")
+                           f"got {shown} ({value_kind(new)}){_example(key, old)}.")
     return None
 
 
