@@ -10,10 +10,13 @@ builds the policy from them.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
-__all__ = ["PolicySourceError", "hash_files", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+__all__ = ["PolicySourceError", "hash_files", "missing_source", "unimportable_module", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
            "choose_unnorm_key"]
 
 
@@ -171,13 +174,33 @@ def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Opti
     )
 
 
+def unimportable_module(source: str) -> Optional[str]:
+    """Why the module of ``--policy module:function`` cannot be imported from the working
+    directory or PYTHONPATH, or None. Finds the module without running it (its parent
+    packages are imported)."""
+    module_name = source.partition(":")[0]
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+        why = f"No module named {module_name!r}"
+    except (ImportError, ValueError) as e:  # a parent package missing, or an empty name
+        found, why = False, str(e)
+    if found:
+        return None
+    return (f"Cannot import module {module_name!r} of --policy {source} ({why}); make it "
+            "importable from the working directory or PYTHONPATH.")
+
+
 def missing_source(source: str) -> Optional[str]:
     """Why ``--policy source`` names nothing on this machine (a path that does not exist and
-    is neither ``random`` nor ``module:function``), or None. Cheap: ``eval`` asks it before
+    is neither ``random`` nor ``module:function``, or a ``module:function`` whose module cannot
+    be found), or None. Cheap: ``eval`` asks it before
     building any env."""
     path = Path(source).expanduser()
-    if source == "random" or path.exists() or (
-            ":" in source and not source.startswith((".", "/", "~"))):
+    if ":" in source and not source.startswith((".", "/", "~")) and not path.exists():
+        return unimportable_module(source)
+    if source == "random" or path.exists():
         return None
     from rlinf_embodied.config.errors import suggest
 

@@ -592,6 +592,10 @@ def test_eval_of_a_run_takes_its_env_type_when_env_is_left_out(tmp_path):
     # a mistyped run directory is named as such, not taken for a missing --env
     r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "nope")])
     assert r.exit_code == 2 and f"--policy {tmp_path / 'nope'}: no such file or directory" in r.output
+    # a module:function whose module is nowhere: refused before the envs are built (24 s)
+    r = runner.invoke(app, ["eval", "--env", "maniskill", "--policy", "no_such_mod_xyz:make"])
+    assert r.exit_code == 2 and ("Cannot import module 'no_such_mod_xyz' of --policy "
+                                 "no_such_mod_xyz:make (No module named") in r.output, r.output
     (tmp_path / "pipe" / "sft" / "policy").mkdir(parents=True)  # a pipeline's run.dir
     r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "pipe")])
     assert r.exit_code == 2 and f"give its RL run (--policy {tmp_path / 'pipe' / 'rl'})" in " ".join(r.output.split())
