@@ -262,10 +262,12 @@ class ResultsFile:
                     f"{data['iteration']}), not an `eval` results file; to compare that run, "
                     f"evaluate it into one: rlinf-embodied eval --policy {run} --run-trials "
                     f"--output RESULTS.json.")
+            found = data.get("format") if isinstance(data, dict) else None
+            what = (f"format {found!r}, expected {FORMAT!r}" if found is not None else
+                    f"no \"format\": {FORMAT!r} field")
             raise ResultsError(
-                f"{p} is not an rlinf-embodied results file (format "
-                f"{data.get('format') if isinstance(data, dict) else None!r}, expected "
-                f"{FORMAT!r}); pass the --output of an `rlinf-embodied eval` run."
+                f"{p} is not an rlinf-embodied results file ({what}); pass the --output of an "
+                "`rlinf-embodied eval` run."
             )
         eps = [Episode.from_dict(d) for d in data.get("episodes", [])]
         return cls(p, data.get("header", {}), eps)

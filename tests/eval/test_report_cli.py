@@ -336,10 +336,16 @@ def test_compare_of_a_report_or_a_folder_is_one_line_naming_the_results_json(tmp
     (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00")  # eval's report beside it
     (tmp_path / "a.md").write_text("# report\n")
     (tmp_path / "dir").mkdir()
+    (tmp_path / "other.json").write_text('{"success": 0.5}')  # some other tool's JSON
+    (tmp_path / "old.json").write_text('{"format": "rlinf-embodied-eval/0"}')
     app = typer.Typer()
     app.add_typer(eval_app, name="eval")
     for other, message in [("a.png", "is not JSON (invalid start byte)"), ("a.md", "is not JSON"),
-                           ("dir", "is a directory; pass the results .json")]:
+                           ("dir", "is a directory; pass the results .json"),
+                           ("other.json", 'not an rlinf-embodied results file (no "format": '
+                            "'rlinf-embodied-eval/1' field); pass the --output"),
+                           ("old.json", "(format 'rlinf-embodied-eval/0', expected "
+                            "'rlinf-embodied-eval/1')")]:
         r = runner.invoke(app, ["eval", "compare", str(tmp_path / "a.json"), str(tmp_path / other)])
         out = " ".join(r.output.split())
         assert r.exit_code == 2 and message in out and "Traceback" not in out, out
