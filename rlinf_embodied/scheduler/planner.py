@@ -463,9 +463,12 @@ def report_text(result: PlanResult, header: Sequence[str] = ()) -> str:
 
     name = PlacementPlan.from_dict(place).mode(result.devices)
     mb = granularity(b.plan)["micro_batch"].get("actor")
-    lines.append(f"  mode as a config: placement={name} (its shipped layout)"
+    resident = place["context_switch"] and not place["offload"]  # the shipped layouts offload
+    lines.append(f"  mode as a config: placement={name} (its shipped layout"
+                 + (", which offloads at each switch where this plan keeps state resident"
+                    if resident else "") + ")"
                  + (f" with trainer.micro_batch_size={mb}" if mb else "")
-                 + "; placement=auto plans and runs it")
+                 + "; placement=auto plans and runs it" + (" as planned" if resident else ""))
     lines.append(f"  peak memory per device {b.peak_bytes / GiB:.3f} GiB")
     lines.append(f"  context_switch: {str(place['context_switch']).lower()}")
     if place["context_switch"]:

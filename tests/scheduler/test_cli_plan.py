@@ -33,6 +33,12 @@ def test_plan_output_is_byte_identical_and_names_the_profile(tmp_path):
     # one iteration's samples, then the passes over them (256 envs x 50 steps, 4 epochs)
     assert "actor trains on 12800 samples x 4 epochs" in a, a
     assert plan_command(job, 8, True, []) == plan_command(job, 8, True, [])
+    # on 1 CPU device the chosen collocated plan keeps state resident: the hint says the
+    # shipped layout differs in that (it offloads at each switch)
+    one = plan_command(job, 1, False, [])
+    assert "offload: false" in one and ("placement=collocated (its shipped layout, which "
+                                        "offloads at each switch where this plan keeps state "
+                                        "resident)") in one, one
 
 
 def test_plan_json_has_placement_and_overrides_apply(tmp_path):
