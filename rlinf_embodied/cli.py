@@ -365,8 +365,9 @@ def train(
     from the last checkpoint, or with no capacity left). The last lines always say which
     checkpoint holds the run.
 
-    Devices: the CUDA devices the machine has; on CPU, ``cluster.num_cpu_devices=N`` gives
-    the placement N devices (what ``plan --devices N`` plans for).
+    Devices: the placement gets each node's GPUs (as Ray counts them); a node without GPUs
+    gives 1 CPU device unless ``cluster.num_cpu_devices=N`` gives it N (what ``plan --devices N``
+    plans for).
     """
     from rlinf_embodied.config import ConfigError, check_repeated_overrides, load_config
     from rlinf_embodied.reasoning.config import is_reasoning_job
