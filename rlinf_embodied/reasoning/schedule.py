@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_embodied.scheduler.graph import Edge, Node, WorkflowGraph
-from rlinf_embodied.scheduler.planner import PlannerOptions, PlanResult, report_text, search
+from rlinf_embodied.scheduler.planner import (PlannerOptions, PlanResult, granularity, report_text,
+                                              search)
 from rlinf_embodied.scheduler.profiles import GiB, WorkflowProfile, affine_profile
 
 __all__ = ["reasoning_graph", "reasoning_analytic_profile", "reasoning_profile_for_config",
@@ -170,4 +171,9 @@ def auto_plan_reasoning(cfg: Any, cluster: Any, run_dir: str | Path, run_id: str
             g.shutdown(keep_cluster=True)
     result = plan_reasoning_config(cfg, devices, profile)
     print(report_text(result, [f"Reasoning plan ({profile.source})"]))
+    planned = granularity(result.best.plan)["micro_batch"].get("actor")
+    if planned is not None and planned != cfg.trainer.micro_batch_size:
+        # the reasoning trainer's micro-batch is always set (no null "take the plan's")
+        print(f"placement=auto: keeping trainer.micro_batch_size={cfg.trainer.micro_batch_size} "
+              f"(the plan's: {planned}; set trainer.micro_batch_size={planned} to run the plan's).")
     return _to_runtime_slots(result.placement())

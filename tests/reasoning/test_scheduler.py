@@ -9,6 +9,7 @@ from rlinf_embodied.cli import app
 from rlinf_embodied.config import load_config
 from rlinf_embodied.reasoning.config import ReasoningJobConfig
 from rlinf_embodied.runtime import PlacementPlan
+from rlinf_embodied.scheduler.planner import granularity
 from rlinf_embodied.reasoning.schedule import (
     _to_runtime_slots,
     plan_reasoning_config,
@@ -63,7 +64,7 @@ def test_plan_cli_prints_the_configured_placement_and_no_duplicate_runner_up():
     assert conf["predicted_iteration_s"] > json.loads(j.output)["chosen"]["predicted_iteration_s"]
 
 
-def test_placement_auto_resolves_from_a_cached_profile(tmp_path):
+def test_placement_auto_resolves_from_a_cached_profile(tmp_path, capsys):
     """``placement: auto`` goes through the launcher's resolution to the scheduler's plan
     (a cached profile in the run directory skips the profiling run)."""
     from dataclasses import replace
@@ -84,3 +85,7 @@ def test_placement_auto_resolves_from_a_cached_profile(tmp_path):
     want = _to_runtime_slots(plan_reasoning_config(cfg, 3, prof).placement())
     assert plan == PlacementPlan.from_dict(want)
     assert [plan.device_ids(g, 3) for g in ("rollout", "env", "actor")] == [[0, 1, 2]] * 3
+    planned = granularity(plan_reasoning_config(cfg, 3, prof).best.plan)["micro_batch"]["actor"]
+    assert planned != cfg.trainer.micro_batch_size  # the job's 64 is kept, and that is said
+    assert (f"placement=auto: keeping trainer.micro_batch_size={cfg.trainer.micro_batch_size} "
+            f"(the plan's: {planned}; set trainer.micro_batch_size={planned}") in capsys.readouterr().out
