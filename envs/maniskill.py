@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import logging
 import re
 from typing import Any, Dict, List, Optional
 
@@ -30,7 +31,7 @@ from .maniskill_suites import task_for_reset
 from .pool import WorkerDevice, visible_cuda_devices
 from .vector import VectorBatchedEnv
 
-__all__ = ["ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "ManiSkillSuiteSubBatch",
+__all__ = ["quiet_goal_marker_notice", "ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "ManiSkillSuiteSubBatch",
            "INSTRUCTIONS", "default_instruction", "make_suite_task_env", "suite_obs"]
 
 #: Language instructions per ManiSkill3 task (phrased after each task's documented goal).
@@ -60,12 +61,33 @@ def default_instruction(env_id: str) -> str:
     return " ".join(w.lower() for w in re.findall(r"[A-Z][a-z]*|[a-z]+|\d+", name))
 
 
+class _DropGoalMarkerPoseNotice(logging.Filter):
+    """Drops ManiSkill's "No initial pose set for actor builder of goal_region" warning, which
+    PullCube logs each time it builds an env (mani_skill 3.0.1; one line per env
+    process, dozens per run). Its goal region is a kinematic visual marker without
+    collision, so the slow-simulation concern it links (haosulab/ManiSkill#421) does not
+    apply. The same warning for any other actor (a user's task) passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No initial pose set for actor builder of goal_region," not in record.getMessage()
+
+
+def quiet_goal_marker_notice() -> None:
+    """Install :class:`_DropGoalMarkerPoseNotice` on ManiSkill's logger (once per process;
+    mani_skill names it ``"mani_skill "``, with a trailing space)."""
+    for name in ("mani_skill ", "mani_skill"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropGoalMarkerPoseNotice) for f in logger.filters):
+            logger.addFilter(_DropGoalMarkerPoseNotice())
+
+
 def _registered(env_id: str):
     """ManiSkill's registry entry of ``env_id``.
 
     Raises:
         ValueError: unknown id, with close matches.
     """
+    quiet_goal_marker_notice()
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     from mani_skill.utils.registration import REGISTERED_ENVS
 

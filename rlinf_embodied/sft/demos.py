@@ -177,6 +177,9 @@ def plan_demos(env_id: str, out: Path, num_trajectories: int, *, reward_mode: st
         DemoError: no solution for the env, planner not importable, or too many failed plans.
     """
     import gymnasium as gym
+    from rlinf_embodied.envs.maniskill import quiet_goal_marker_notice
+
+    quiet_goal_marker_notice()
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     from mani_skill.utils.wrappers.record import RecordEpisode
 

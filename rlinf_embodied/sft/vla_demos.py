@@ -183,8 +183,9 @@ def _convert(env_cfg: Any, env_id: str, instruction: str, plans: Path, target: P
     from mani_skill.trajectory.utils.actions import conversion
     from mani_skill.utils.wrappers.record import RecordEpisode
 
-    from rlinf_embodied.envs.maniskill import make_suite_task_env
+    from rlinf_embodied.envs.maniskill import make_suite_task_env, quiet_goal_marker_notice
 
+    quiet_goal_marker_notice()
     for old in target.parent.glob(target.stem + ".*"):
         old.unlink()
     meta = json.loads(plans.with_suffix(".json").read_text())
