@@ -31,8 +31,9 @@ from .maniskill_suites import task_for_reset
 from .pool import WorkerDevice, visible_cuda_devices
 from .vector import VectorBatchedEnv
 
-__all__ = ["quiet_goal_marker_notice", "ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "ManiSkillSuiteSubBatch",
-           "INSTRUCTIONS", "default_instruction", "make_suite_task_env", "suite_obs"]
+__all__ = ["ManiSkillEnv", "ManiSkillSubBatch", "ManiSkillGPUSubBatch", "ManiSkillSuiteSubBatch",
+           "INSTRUCTIONS", "default_instruction", "make_suite_task_env", "suite_obs",
+           "quiet_goal_marker_notice"]
 
 #: Language instructions per ManiSkill3 task (phrased after each task's documented goal).
 INSTRUCTIONS: Dict[str, str] = {

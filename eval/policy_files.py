@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
-__all__ = ["PolicySourceError", "hash_files", "missing_source", "unimportable_module", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
-           "choose_unnorm_key"]
+__all__ = ["PolicySourceError", "hash_files", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+           "choose_unnorm_key", "unimportable_module"]
 
 
 class PolicySourceError(ValueError):
@@ -195,8 +195,7 @@ def unimportable_module(source: str) -> Optional[str]:
 def missing_source(source: str) -> Optional[str]:
     """Why ``--policy source`` names nothing on this machine (a path that does not exist and
     is neither ``random`` nor ``module:function``, or a ``module:function`` whose module cannot
-    be found), or None. Cheap: ``eval`` asks it before
-    building any env."""
+    be found), or None. Cheap: ``eval`` asks it before building any env."""
     path = Path(source).expanduser()
     if ":" in source and not source.startswith((".", "/", "~")) and not path.exists():
         return unimportable_module(source)
