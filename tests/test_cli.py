@@ -108,11 +108,13 @@ def test_config_show_rl_stage_prints_the_job_the_pipeline_trains(tmp_path):
 
 
 def test_every_shipped_config_passes_config_show():
-    from rlinf_embodied.config import shipped_config  # noqa: F401 - configs/ is package data
+    from rlinf_embodied.config import shipped_config
 
     for path in sorted(ROOT.glob("configs/*.yaml")) + sorted(ROOT.glob("configs/sft/*.yaml")):
         r = runner.invoke(app, ["config", "show", str(path)])
         assert r.exit_code == 0, (path.name, r.output)
+        # its name alone resolves to it (reasoning_grpo_qwen2.5_0.5b: not a ".5b" suffix)
+        assert Path(shipped_config(path.stem) or "").resolve() == path.resolve(), path
 
 
 def test_config_show_prints_a_config_warning_as_one_line():

@@ -54,7 +54,8 @@ def shipped_config(name: str | os.PathLike) -> Optional[Path]:
         p = Path(*p.parts[1:])
     if not p.name:  # "configs" itself, "", "."
         return None
-    p = p if p.suffix in (".yaml", ".yml") else p.with_suffix(".yaml")
+    # with_suffix would replace ".5b" of "reasoning_grpo_qwen2.5_0.5b": append instead
+    p = p if p.suffix in (".yaml", ".yml") else p.with_name(p.name + ".yaml")
     for cand in (ROOT / p, ROOT / "sft" / p) if len(p.parts) == 1 else (ROOT / p,):
         if cand.is_file():
             return cand
