@@ -188,11 +188,13 @@ def doctor(
 
 
 def _fresh_run_dir(path: Path) -> Path:
-    """``path`` if it holds no checkpoint yet, else ``path_1``, ``path_2``, ..."""
-    from rlinf_embodied.checkpoint import list_checkpoints
-
+    """``path`` if it does not exist or holds at most a ``config.yaml`` (a start that trained
+    nothing), else ``path_1``, ``path_2``, ...: a directory with a checkpoint, a
+    ``metrics.jsonl`` (a run killed before its first checkpoint: a new run would append to its
+    curves) or any other file is left as it is (a file at ``path`` is returned: the writability
+    check refuses it)."""
     candidate, i = path, 0
-    while list_checkpoints(candidate):
+    while candidate.is_dir() and {p.name for p in candidate.iterdir()} - {"config.yaml"}:
         i += 1
         candidate = path.with_name(f"{path.name}_{i}")
     return candidate

@@ -849,3 +849,22 @@ def test_plan_with_a_cluster_address_nobody_listens_on_fails_in_one_line():
     assert (f"error: cannot reach a Ray cluster at 127.0.0.1:{port} (Connection refused): start "
             f"its head there (`ray start --head --port {port}` on 127.0.0.1)") in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_new_run_leaves_a_directory_with_a_runs_files_as_it_is(tmp_path):
+    """A fresh ``train`` reuses ``run.dir`` only when it is missing or holds just a
+    ``config.yaml`` (a start that trained nothing); a run killed before its first checkpoint
+    left ``metrics.jsonl``, which a new run in the same directory would append to."""
+    from rlinf_embodied.cli import _fresh_run_dir
+
+    run = tmp_path / "foo"
+    assert _fresh_run_dir(run) == run  # missing
+    run.mkdir()
+    (run / "config.yaml").write_text("run: {}\n")
+    assert _fresh_run_dir(run) == run  # a start that trained nothing
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    assert _fresh_run_dir(run) == tmp_path / "foo_1"
+    (tmp_path / "foo_1" / "checkpoints" / "iter_000001").mkdir(parents=True)
+    assert _fresh_run_dir(run) == tmp_path / "foo_2"
+    (tmp_path / "bar").write_text("a file")  # returned: the writability check refuses it
+    assert _fresh_run_dir(tmp_path / "bar") == tmp_path / "bar"
