@@ -38,6 +38,7 @@ import inspect
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -216,7 +217,16 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         for p in inspect.signature(fn).parameters.values()
     )
-    made = fn(ctx) if takes_ctx else fn()
+    try:
+        made = fn(ctx) if takes_ctx else fn()
+    except Exception as e:  # noqa: BLE001 - the user's code: one line naming it, not a traceback
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise PolicySourceError(
+            f"--policy {source}: the factory raised {type(e).__name__}: {e} (at "
+            f"{where.filename}:{where.lineno}); a factory takes the PolicyContext (or nothing) and "
+            "returns an object with act(obs, mode) or a function obs -> actions "
+            "(docs/evaluation.md, 'Your own policy')."
+        ) from None
     mode, seed, invariant = _mode_of(ctx)
     if hasattr(made, "act"):
         act = policy_act(made, mode, seed, invariant)
@@ -231,7 +241,8 @@ def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
     else:
         raise PolicySourceError(
             f"{source} returned {type(made).__name__}; a policy factory must return an object "
-            "with act(obs, mode) or a function obs -> actions."
+            "with act(obs, mode) or a function obs -> actions (--policy module:function names "
+            "the factory, not the act function: docs/evaluation.md, 'Your own policy')."
         )
     return LoadedPolicy(act, source, "callable", sha,
                         batch_invariant=hasattr(made, "act") and invariant)

@@ -169,3 +169,8 @@ try:
             return np.zeros(3, np.float32), 0.5, False, False, {}
 except ImportError:  # pragma: no cover
     pass
+
+
+def broken(ctx):
+    """A factory whose own code fails (eval reports it in one line, not a traceback)."""
+    raise RuntimeError("no weights in ./ckpt")

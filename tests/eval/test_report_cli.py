@@ -117,6 +117,8 @@ def test_cli_runs_gym_eval(tmp_path):
      "no such file or directory"),
     (["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "eval_helpers:nope"],
      "has no callable 'nope'"),
+    (["--env", "gym", "--task", "toy/PointReach-v0", "--policy", "eval_helpers:broken"],
+     "--policy eval_helpers:broken: the factory raised RuntimeError: no weights in ./ckpt (at "),
     # errors of the config / protocol fields a flag sets name the flag
     (["--env", "gym", "--task", "toy/PointReach-v0", "--trials-per-task", "0"],
      "--trials-per-task must be >= 1 (got 0)"),
