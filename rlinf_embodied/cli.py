@@ -247,8 +247,14 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     if is_reasoning_job(run_dir / "config.yaml"):
         raise ConfigError(f"--resume {resume}: a reasoning run; reasoning runs write no "
                           f"resumable checkpoints yet, so start it again without --resume.")
-    saved = load_config(run_dir / "config.yaml")
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    import warnings
+
+    from rlinf_embodied.config import ConfigWarning
+
+    cfg = load_config(run_dir / "config.yaml", overrides)  # first: a bad override is the one line
+    with warnings.catch_warnings():  # warned once above, for the config that runs
+        warnings.simplefilter("ignore", ConfigWarning)
+        saved = load_config(run_dir / "config.yaml")
     moved = [f"run.{k}={getattr(cfg.run, k)}" for k in ("name", "dir", "output_dir")
              if getattr(cfg.run, k) != getattr(saved.run, k)]
     if moved:  # the run stays in run_dir; its config.yaml would name another place
@@ -258,7 +264,9 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"resume the copy."
         )
     if config:
-        given = load_config(config, overrides)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigWarning)
+            given = load_config(config, overrides)
         # where the run lives may differ; what it does (run.seed included) may not
         skip = ("run.name", "run.output_dir", "run.dir") + (
             ("trainer.pipeline_stages",) if given.placement == "auto" else ())

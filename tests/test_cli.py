@@ -868,3 +868,22 @@ def test_a_new_run_leaves_a_directory_with_a_runs_files_as_it_is(tmp_path):
     assert _fresh_run_dir(run) == tmp_path / "foo_2"
     (tmp_path / "bar").write_text("a file")  # returned: the writability check refuses it
     assert _fresh_run_dir(tmp_path / "bar") == tmp_path / "bar"
+
+
+def test_resume_warns_once_for_the_config_that_runs_and_not_before_an_error(tmp_path):
+    """--resume loads the saved config.yaml twice (as saved, and with the overrides): a config
+    warning was printed for both, and before a bad override's one-line error."""
+    import warnings as w
+
+    from rlinf_embodied.config import load_config, save_config
+
+    run = tmp_path / "r1"
+    with w.catch_warnings():
+        w.simplefilter("ignore")
+        save_config(load_config("configs/maniskill_pushcube_ppo_mlp.yaml",
+                                ["trainer.iterations=40", f"run.dir={run}"]), run)
+    r = runner.invoke(app, ["train", "--resume", str(run), "trainer.lr=abc"])
+    assert r.exit_code == 2 and "warning" not in r.output.lower(), r.output
+    assert r.output.strip().count("\n") == 0 and "Wrong type for config key 'trainer.lr'" in r.output
+    r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=12"])
+    assert r.output.count("warning:") == 1 and "(trainer.iterations=12)" in r.output, r.output
