@@ -317,6 +317,17 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     return cfg, run_dir, ckpt
 
 
+def _how_it_ended(runner, signals) -> str:
+    """``done``, ``interrupted`` (a Ctrl-C: the iteration finished and a checkpoint was saved)
+    or ``aborted`` (a second Ctrl-C before the final checkpoint was written; one after it only
+    cut the shutdown short, and the run counts as interrupted)."""
+    if not runner.interrupted:
+        return "done"
+    aborted = signals.aborted or runner.signals.aborted
+    saved_last = getattr(runner, "_saved_at", -1) == runner.state["iteration"]
+    return "aborted" if aborted and not saved_last else "interrupted"
+
+
 def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
     """The last lines of a train command: what ran, what is saved, how to continue."""
     saved = getattr(runner, "saved", None) if runner is not None else None
@@ -459,8 +470,7 @@ def train(
             typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
             _report_saved(runner, run_dir, "failed")
             raise typer.Exit(1)
-        aborted = signals.aborted or runner.signals.aborted
-        how = ("aborted" if aborted else "interrupted") if runner.interrupted else "done"
+        how = _how_it_ended(runner, signals)
         _report_saved(runner, run_dir, how)
         if runner.interrupted:
             raise typer.Exit(130)

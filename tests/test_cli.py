@@ -887,3 +887,17 @@ def test_resume_warns_once_for_the_config_that_runs_and_not_before_an_error(tmp_
     assert r.output.strip().count("\n") == 0 and "Wrong type for config key 'trainer.lr'" in r.output
     r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=12"])
     assert r.output.count("warning:") == 1 and "(trainer.iterations=12)" in r.output, r.output
+
+
+def test_a_second_ctrl_c_after_the_final_checkpoint_is_no_abort():
+    from types import SimpleNamespace as NS
+
+    from rlinf_embodied.cli import _how_it_ended
+
+    calm, twice = NS(aborted=False), NS(aborted=True)
+    run = lambda saved_at, interrupted=True: NS(interrupted=interrupted, signals=calm,  # noqa: E731
+                                                state={"iteration": 16}, _saved_at=saved_at)
+    assert _how_it_ended(run(16, interrupted=False), calm) == "done"
+    assert _how_it_ended(run(16), calm) == "interrupted"
+    assert _how_it_ended(run(15), twice) == "aborted"  # the final save was cut short
+    assert _how_it_ended(run(16), twice) == "interrupted"  # saved, then the shutdown was cut
