@@ -412,6 +412,11 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
         else:
             log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")
             req = replace(req, env=str(run_env["type"]))
+    run_type = run_env.get("type")
+    if (req.task is None and req.suite is None and run_type in families and run_type != req.env
+            and req.env in families):  # `--env maniskill` for a gym run said "needs --task"
+        raise EvalError(f"--env {req.env}, but the policy's run trained on --env {run_type} "
+                        f"({run_cfg}); leave out --env to evaluate it on its run's env.")
     if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
             and run_env.get("type", req.env) == req.env):
         log(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).")

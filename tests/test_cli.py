@@ -591,6 +591,10 @@ def test_eval_of_a_run_takes_its_env_type_when_env_is_left_out(tmp_path):
     assert r.exit_code == 2 and "not a gym env setting" in r.output, r.output
     r = runner.invoke(app, ["eval", "--policy", "random"])
     assert r.exit_code == 2 and "--env is required" in r.output
+    # another env type than the run's, without a task: named as such (it said "needs --task")
+    r = runner.invoke(app, ["eval", "--policy", str(run), "--env", "maniskill"])
+    assert r.exit_code == 2 and ("--env maniskill, but the policy's run trained on --env gym"
+                                 in r.output), r.output
     # a mistyped run directory is named as such, not taken for a missing --env
     r = runner.invoke(app, ["eval", "--policy", str(tmp_path / "nope")])
     assert r.exit_code == 2 and f"--policy {tmp_path / 'nope'}: no such file or directory" in r.output
