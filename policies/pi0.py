@@ -354,6 +354,7 @@ class FlowVLAPolicy(Policy):
         return {"head": self.head_type, "action_chunk": self.action_chunk,
                 "open_loop_steps": self.action_chunk, "action_horizon": self.horizon,
                 "denoise_steps": self.config.num_steps, "noise_method": self.config.noise_method,
+                "sample_noise_level": float(self.config.noise_level),  # Flow-SDE's, sample mode
                 "unnorm_key": self.unnorm_key, "layout": self.layout}
 
     # ------------------------------------------------------------------ export

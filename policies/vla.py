@@ -225,9 +225,11 @@ class VLAPolicyBase(Policy):
         return self.gripper.apply(self.action_norm.unnormalize(normalized))
 
     def execution(self) -> dict[str, Any]:
-        """What one query executes, for results headers: head type, K, open-loop steps, inputs."""
+        """What one query executes, for results headers: head type, K, open-loop steps, inputs,
+        and the temperature that ``sample`` mode draws at (greedy decoding ignores it)."""
         return {"head": self.head_type, "action_chunk": self.action_chunk,
                 "open_loop_steps": self.action_chunk, "unnorm_key": self.unnorm_key,
+                "sample_temperature": float(self.config.temperature),
                 "preprocessing": self.images.describe()}
 
     def require_samples(self, fi: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -77,6 +77,7 @@ def test_published_oft_directory_loads_l1_head_and_proprio_and_matches_upstream(
     assert loaded.kind == "openvla_oft"
     assert ex["head"] == "l1_regression" and ex["action_chunk"] == K and ex["open_loop_steps"] == K
     assert ex["use_proprio"] and ex["use_wrist_image"]
+    assert ex["sample_temperature"] == 1.0  # what `--policy-mode sample` draws at (recorded)
     assert ex["unnorm_key"] == "libero_spatial_no_noops"  # "libero_spatial" absent: fallback
     assert ex["preprocessing"]["mode"] == "upstream"
     assert ex["preprocessing"]["mean_std_from"] == "preprocessor_config.json"

@@ -220,6 +220,7 @@ def test_config_checks_and_registry():
     with pytest.raises(ValueError, match="chains"):
         p.evaluate(p.encode_obs(make_obs()))
     assert p.execution()["head"] == "flow_matching" and p.execution()["action_horizon"] == 6
+    assert p.execution()["sample_noise_level"] == p.config.noise_level  # sample mode's, recorded
 
 
 @pytest.mark.parametrize("name", ["libero_spatial_grpo_pi0_tiny", "libero_spatial_grpo_pi05_tiny",
