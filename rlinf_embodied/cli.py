@@ -7,7 +7,6 @@ import a simulator or a large model.
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from rlinf_embodied import __version__
+from rlinf_embodied.cli_run import fresh_run_dir, how_it_ended, report_saved
 from rlinf_embodied.runners.errors import short_error, start_hint
 
 app = typer.Typer(
@@ -187,30 +187,8 @@ def doctor(
         raise typer.Exit(1)
 
 
-def _fresh_run_dir(path: Path) -> Path:
-    """``path`` if it does not exist or holds at most a ``config.yaml`` (a start that trained
-    nothing), else ``path_1``, ``path_2``, ...: a directory with a checkpoint, a
-    ``metrics.jsonl`` (a run killed before its first checkpoint: a new run would append to its
-    curves) or any other file is left as it is (a file at ``path`` is returned: the writability
-    check refuses it)."""
-    candidate, i = path, 0
-    while candidate.is_dir() and {p.name for p in candidate.iterdir()} - {"config.yaml"}:
-        i += 1
-        candidate = path.with_name(f"{path.name}_{i}")
-    return candidate
-
-
 # Settings that may change on --resume: config.RESUME_SAFE_KEYS (where the run lives may not
 # change at all: _resume_config refuses run.name/dir/output_dir).
-
-
-def _self_command() -> str:
-    """How to invoke this CLI again, as the user did: ``.venv/bin/rlinf-embodied`` (or
-    ``rlinf-embodied`` when found on PATH), else ``python -m rlinf_embodied.cli``."""
-    exe = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if exe is not None and exe.name == "rlinf-embodied":
-        return shlex.quote(str(exe)) if exe.parent != Path("") else "rlinf-embodied"
-    return f"{shlex.quote(sys.executable)} -m rlinf_embodied.cli"
 
 
 def _warn(msg: str) -> None:
@@ -317,54 +295,6 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     return cfg, run_dir, ckpt
 
 
-def _how_it_ended(runner, signals) -> str:
-    """``done``, ``interrupted`` (a Ctrl-C: the iteration finished and a checkpoint was saved)
-    or ``aborted`` (a second Ctrl-C before the final checkpoint was written; one after it only
-    cut the shutdown short, and the run counts as interrupted)."""
-    if not runner.interrupted:
-        return "done"
-    aborted = signals.aborted or runner.signals.aborted
-    saved_last = getattr(runner, "_saved_at", -1) == runner.state["iteration"]
-    return "aborted" if aborted and not saved_last else "interrupted"
-
-
-def _report_saved(runner, run_dir: Optional[Path], how: str) -> None:
-    """The last lines of a train command: what ran, what is saved, how to continue."""
-    saved = getattr(runner, "saved", None) if runner is not None else None
-    if runner is None:
-        typer.echo(f"{how} before training started: nothing was trained"
-                   + (f"; {run_dir} is unchanged." if run_dir and run_dir.exists() else
-                      ", nothing was saved."))
-        return
-    st = runner.state
-    restarts = getattr(runner, "restarts", 0)
-    typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps"
-               + (f", {restarts} restart(s)" if restarts else "") + f"; results in {run_dir}")
-    if saved is not None and not saved.exists():  # rotated away meanwhile: say what is there
-        from rlinf_embodied.checkpoint import latest_checkpoint
-
-        saved = latest_checkpoint(run_dir)
-    if saved is None:
-        every, done = runner.cfg.trainer.save_every, st["iteration"]
-        if done == 0:
-            why = "it stopped before its first iteration ended"
-        elif not every:
-            why = ("trainer.save_every=0 saves none, except on Ctrl-C; pass trainer.save_every=N "
-                   "to save every N iterations and at the end")
-        else:
-            why = (f"trainer.save_every={every}: the first checkpoint was due after iteration "
-                   f"{every} and the run stopped after {done}; pass a smaller "
-                   f"trainer.save_every to lose less")
-        typer.echo(f"no checkpoint was saved, so the run cannot be resumed ({why}).")
-        return
-    it = saved.name.removeprefix("iter_").lstrip("0") or "0"
-    lost = st["iteration"] - int(it)
-    typer.echo(f"checkpoint: {saved} (iteration {it})"
-               + (f"; the {lost} iteration(s) after it were not saved" if lost > 0 else ""))
-    if how != "done":
-        typer.echo(f"continue with: {_self_command()} train --resume {shlex.quote(str(run_dir))}")
-
-
 @app.command()
 def train(
     config: Optional[str] = typer.Argument(
@@ -428,7 +358,7 @@ def train(
                     raise ConfigError("Pass a job YAML (e.g. configs/maniskill_pushcube_ppo_mlp.yaml) "
                                       "or --resume RUN_DIR.")
                 cfg = load_config(config, overrides)
-                run_dir = _fresh_run_dir(cfg.run.run_dir())
+                run_dir = fresh_run_dir(cfg.run.run_dir())
             from rlinf_embodied.runners.setup import check_policy_paths, validate_job
 
             check_policy_paths(cfg)  # first: it needs neither torch nor the simulators
@@ -458,7 +388,7 @@ def train(
         except ConfigError as e:
             _fail(str(e))
         except KeyboardInterrupt:
-            _report_saved(None, run_dir, "interrupted")
+            report_saved(None, run_dir, "interrupted")
             raise typer.Exit(130)
         except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
             _fail(short_error(e) + start_hint(e), code=1)
@@ -468,10 +398,10 @@ def train(
             runner.interrupted = True
         except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
             typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
-            _report_saved(runner, run_dir, "failed")
+            report_saved(runner, run_dir, "failed")
             raise typer.Exit(1)
-        how = _how_it_ended(runner, signals)
-        _report_saved(runner, run_dir, how)
+        how = how_it_ended(runner, signals)
+        report_saved(runner, run_dir, how)
         if runner.interrupted:
             raise typer.Exit(130)
     finally:

@@ -463,7 +463,7 @@ def test_eval_libero_without_suite_names_the_fix():
 
 
 def test_continue_hint_is_a_command_that_exists(monkeypatch):
-    from rlinf_embodied.cli import _self_command
+    from rlinf_embodied.cli_run import self_command as _self_command
 
     exe = Path(sys.executable).parent / "rlinf-embodied"
     monkeypatch.setattr(sys, "argv", [str(exe), "train"])
@@ -536,7 +536,7 @@ def test_command_line_errors_are_one_error_line(capsys):
 def test_report_without_checkpoint_says_why(capsys):
     from types import SimpleNamespace
 
-    from rlinf_embodied.cli import _report_saved
+    from rlinf_embodied.cli_run import report_saved as _report_saved
 
     def report(save_every, iterations=3, how="done"):
         cfg = SimpleNamespace(trainer=SimpleNamespace(save_every=save_every))
@@ -859,7 +859,7 @@ def test_a_new_run_leaves_a_directory_with_a_runs_files_as_it_is(tmp_path):
     """A fresh ``train`` reuses ``run.dir`` only when it is missing or holds just a
     ``config.yaml`` (a start that trained nothing); a run killed before its first checkpoint
     left ``metrics.jsonl``, which a new run in the same directory would append to."""
-    from rlinf_embodied.cli import _fresh_run_dir
+    from rlinf_embodied.cli_run import fresh_run_dir as _fresh_run_dir
 
     run = tmp_path / "foo"
     assert _fresh_run_dir(run) == run  # missing
@@ -896,7 +896,7 @@ def test_resume_warns_once_for_the_config_that_runs_and_not_before_an_error(tmp_
 def test_a_second_ctrl_c_after_the_final_checkpoint_is_no_abort():
     from types import SimpleNamespace as NS
 
-    from rlinf_embodied.cli import _how_it_ended
+    from rlinf_embodied.cli_run import how_it_ended as _how_it_ended
 
     calm, twice = NS(aborted=False), NS(aborted=True)
     run = lambda saved_at, interrupted=True: NS(interrupted=interrupted, signals=calm,  # noqa: E731
