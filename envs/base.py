@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -36,10 +37,33 @@ __all__ = [
     "BatchedEnv",
     "EnvError",
     "OBS_KEYS",
+    "drop_log_messages",
 ]
 
 #: Observation keys of the contract. Absent keys are absent, not zeros.
 OBS_KEYS = ("states", "main_images", "wrist_images", "task_descriptions")
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message contains one of ``words``; every other record passes."""
+
+    def __init__(self, words: Sequence[str]):
+        super().__init__()
+        self.words = tuple(words)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(w in msg for w in self.words)
+
+
+def drop_log_messages(logger_names: Sequence[str], words: Sequence[str]) -> None:
+    """Silence a simulator's known-harmless log lines: on each named logger, drop the records
+    whose message contains one of ``words`` (installed once per process and logger; the
+    callers say why each line is noise)."""
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) and f.words == tuple(words) for f in logger.filters):
+            logger.addFilter(_DropMessages(words))
 
 
 class EnvWarning(UserWarning):

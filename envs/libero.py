@@ -35,7 +35,6 @@ import atexit
 import contextlib
 import functools
 import io
-import logging
 import os
 import shutil
 import subprocess
@@ -46,7 +45,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .base import ActionSpec, EnvSpec, SubBatch, Transition, reset_transition
+from .base import ActionSpec, EnvSpec, SubBatch, Transition, drop_log_messages, reset_transition
 from .pool import WorkerDevice
 from .vector import VectorBatchedEnv
 
@@ -79,23 +78,11 @@ def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return np.asarray(quat[:3], float) * (2.0 * np.arccos(w) / den)
 
 
-class _DropMacroFileAdvice(logging.Filter):
-    """Drops robosuite's three-line "No private macro file found!" advice, which its
+def _quiet_robosuite_import() -> None:
+    """Drop robosuite's three-line "No private macro file found!" advice, which its
     ``__init__`` logs on every import (robosuite 1.4.0); its macros' defaults are what LIBERO
     runs with, so the advice is noise. Every other robosuite message passes."""
-
-    _WORDS = ("private macro file", "setup_macros.py")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(w in msg for w in self._WORDS)
-
-
-def _quiet_robosuite_import() -> None:
-    """Install :class:`_DropMacroFileAdvice` on robosuite's logger (once per process)."""
-    logger = logging.getLogger("robosuite_logs")
-    if not any(isinstance(f, _DropMacroFileAdvice) for f in logger.filters):
-        logger.addFilter(_DropMacroFileAdvice())
+    drop_log_messages(["robosuite_logs"], ("private macro file", "setup_macros.py"))
 
 
 def _use_libero_root(libero_root: Optional[str]) -> None:

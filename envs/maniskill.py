@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import difflib
 import functools
-import logging
 import re
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .base import ActionSpec, EnvSpec, SubBatch, Transition
+from .base import ActionSpec, EnvSpec, SubBatch, Transition, drop_log_messages
 from .maniskill_suites import task_for_reset
 from .pool import WorkerDevice, visible_cuda_devices
 from .vector import VectorBatchedEnv
@@ -62,24 +61,15 @@ def default_instruction(env_id: str) -> str:
     return " ".join(w.lower() for w in re.findall(r"[A-Z][a-z]*|[a-z]+|\d+", name))
 
 
-class _DropGoalMarkerPoseNotice(logging.Filter):
-    """Drops ManiSkill's "No initial pose set for actor builder of goal_region" warning, which
-    PullCube logs each time it builds an env (mani_skill 3.0.1; one line per env
-    process, dozens per run). Its goal region is a kinematic visual marker without
-    collision, so the slow-simulation concern it links (haosulab/ManiSkill#421) does not
-    apply. The same warning for any other actor (a user's task) passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "No initial pose set for actor builder of goal_region," not in record.getMessage()
-
-
 def quiet_goal_marker_notice() -> None:
-    """Install :class:`_DropGoalMarkerPoseNotice` on ManiSkill's logger (once per process;
-    mani_skill names it ``"mani_skill "``, with a trailing space)."""
-    for name in ("mani_skill ", "mani_skill"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropGoalMarkerPoseNotice) for f in logger.filters):
-            logger.addFilter(_DropGoalMarkerPoseNotice())
+    """Drop ManiSkill's "No initial pose set for actor builder of goal_region" warning, which
+    PullCube logs each time it builds an env (mani_skill 3.0.1; one line per env process, dozens
+    per run). Its goal region is a kinematic visual marker without collision, so the
+    slow-simulation concern it links (haosulab/ManiSkill#421) does not apply. The same warning
+    for any other actor (a user's task) passes. mani_skill names its logger ``"mani_skill "``,
+    with a trailing space."""
+    drop_log_messages(("mani_skill ", "mani_skill"),
+                      ("No initial pose set for actor builder of goal_region,",))
 
 
 def _registered(env_id: str):

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 __all__ = ["PolicySourceError", "hash_files", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
-           "choose_unnorm_key", "unimportable_module"]
+           "choose_unnorm_key", "names_callable", "importable_from_cwd", "import_failure",
+           "unimportable_module"]
 
 
 class PolicySourceError(ValueError):
@@ -174,22 +175,37 @@ def choose_unnorm_key(path: Path, candidates: Any, suite: Optional[str]) -> Opti
     )
 
 
+def names_callable(source: str) -> bool:
+    """Whether ``--policy source`` is ``module:function`` (a colon, not a path that exists or
+    starts like one)."""
+    return (":" in source and not source.startswith((".", "/", "~"))
+            and not Path(source).expanduser().exists())
+
+
+def importable_from_cwd() -> None:
+    """Put the working directory on ``sys.path`` (where a ``module:function`` factory lives)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def import_failure(source: str, why: str) -> str:
+    """The one line for a ``module:function`` whose module cannot be imported."""
+    return (f"Cannot import module {source.partition(':')[0]!r} of --policy {source} ({why}); "
+            "make it importable from the working directory or PYTHONPATH.")
+
+
 def unimportable_module(source: str) -> Optional[str]:
     """Why the module of ``--policy module:function`` cannot be imported from the working
     directory or PYTHONPATH, or None. Finds the module without running it (its parent
     packages are imported)."""
     module_name = source.partition(":")[0]
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         found = importlib.util.find_spec(module_name) is not None
         why = f"No module named {module_name!r}"
     except (ImportError, ValueError) as e:  # a parent package missing, or an empty name
         found, why = False, str(e)
-    if found:
-        return None
-    return (f"Cannot import module {module_name!r} of --policy {source} ({why}); make it "
-            "importable from the working directory or PYTHONPATH.")
+    return None if found else import_failure(source, why)
 
 
 def missing_source(source: str) -> Optional[str]:
@@ -197,7 +213,7 @@ def missing_source(source: str) -> Optional[str]:
     is neither ``random`` nor ``module:function``, or a ``module:function`` whose module cannot
     be found), or None. Cheap: ``eval`` asks it before building any env."""
     path = Path(source).expanduser()
-    if ":" in source and not source.startswith((".", "/", "~")) and not path.exists():
+    if names_callable(source):
         return unimportable_module(source)
     if source == "random" or path.exists():
         return None

@@ -36,8 +36,6 @@ import hashlib
 import importlib
 import inspect
 import json
-import os
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +49,10 @@ from rlinf_embodied.eval.policy_files import (
     choose_unnorm_key,
     find_checkpoint,
     hash_files,
+    import_failure,
+    importable_from_cwd,
     missing_source,
+    names_callable,
     vla_type,
 )
 
@@ -191,15 +192,11 @@ def _mode_of(ctx: PolicyContext) -> tuple:
 
 def _load_callable(source: str, ctx: PolicyContext) -> LoadedPolicy:
     module_name, _, attr = source.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise PolicySourceError(
-            f"Cannot import module {module_name!r} of --policy {source} ({e}); make it importable "
-            "from the working directory or PYTHONPATH."
-        ) from None
+        raise PolicySourceError(import_failure(source, str(e))) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -477,7 +474,7 @@ def resolve_policy(source: str, ctx: PolicyContext,
         if (path / "config.json").is_file():
             return _load_vla(path, source, ctx, expected_type)
         return _load_checkpoint(path, source, ctx, expected_type, checkpoint)
-    if ":" in source and not source.startswith((".", "/", "~")):
+    if names_callable(source):
         return _load_callable(source, ctx)
     raise PolicySourceError(missing_source(source))
 
