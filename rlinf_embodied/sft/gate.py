@@ -35,6 +35,7 @@ from rlinf_embodied.config import EnvConfig
 
 __all__ = [
     "RECORD_FILE",
+    "SAMPLING_FIELDS",
     "GateError",
     "SFTCheckpointError",
     "check_family",
@@ -44,11 +45,22 @@ __all__ = [
     "read_record",
     "recorded_trials",
     "sampled_success",
+    "sampling_of",
     "write_record",
 ]
 
 RECORD_FILE = "sft_record.json"
 """Name of the SFT record next to an SFT checkpoint's ``policy/`` directory."""
+
+SAMPLING_FIELDS = ("temperature", "noise_method", "noise_level")
+"""Policy config fields that set what ``sample`` mode draws and that an RL run may set apart
+from the SFT checkpoint's saved config (a VLA's token temperature, π0's Flow-SDE): the gate's
+sampled evaluation uses the RL run's values (:func:`sampling_of`), as its rollouts do."""
+
+
+def sampling_of(policy_cfg: Any) -> dict[str, Any]:
+    """The :data:`SAMPLING_FIELDS` a policy config has, with their values."""
+    return {k: getattr(policy_cfg, k) for k in SAMPLING_FIELDS if hasattr(policy_cfg, k)}
 
 
 class GateError(RuntimeError):
@@ -239,7 +251,8 @@ def check_family(record: dict[str, Any], policy_type: str | None, checkpoint: An
 
 def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                episodes: int | None = None, tolerance: float | None = None,
-               log=print, sampled: bool = True, policy_type: str | None = None) -> dict[str, Any]:
+               log=print, sampled: bool = True, policy_type: str | None = None,
+               sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Re-evaluate an SFT checkpoint under ``env_cfg`` and compare with its record.
 
     Args:
@@ -255,10 +268,13 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
             trials (:func:`sampled_success`; reported, not gated on) and warn when it is more
             than ``tolerance`` below the greedy one.
         policy_type: the RL run's ``policy.type``; a record of another type is refused.
+        sampling: the RL run's :data:`SAMPLING_FIELDS` (:func:`sampling_of`); the sampled
+            evaluation draws with these where they differ from the checkpoint's saved config.
 
     Returns:
         ``{"recorded", "measured", "episodes", "tolerance", "tasks", "passed": True, "sampled",
-        "sampled_ci95", "log_std", "differing_trials", "batch_invariant", ...}`` (also
+        "sampled_ci95", "sampled_with", "log_std", "differing_trials", "batch_invariant", ...}``
+        (``sampled_with``: the sampling fields changed from the checkpoint's; also
         written to ``out_dir/gate.json``; ``tasks``: the tasks gated, as results name them (a
         suite's task ids, else the env id): those of the record that ``env_cfg`` runs, which
         ``recorded``, ``episodes`` and ``differing_trials`` count alone; ``differing_trials``:
@@ -326,8 +342,10 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
                              protocol=record["protocol"],
                              num_processes=env_cfg.num_processes,
                              env_overrides={k: used[k] for k in RUN_ENV_KEYS["maniskill"]
-                                            if k in used})
+                                            if k in used},
+                             policy_overrides=sampling)
         result["sampled"], result["sampled_ci95"] = sp["rate"], sp["ci95"]
+        result["sampled_with"] = sp["changed"]
         # mean log-std of a Gaussian head; None (JSON null) for token and flow heads
         result["log_std"] = sp["log_std"] if math.isfinite(sp["log_std"]) else None
     atomic_write_json(out_dir / "gate.json", result)
@@ -344,6 +362,8 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
     if "sampled" in result:
         spread = ("" if result["log_std"] is None
                   else f"; mean log-std {result['log_std']:.2f}")
+        spread += "".join(f"; {k} {v} (the SFT checkpoint's: {sp['saved'][k]})"
+                          for k, v in result["sampled_with"].items())
         log(f"  sampled actions (what RL rollouts take{spread}) "
             f"score {result['sampled']:.2f} on the same trials")
         if result["sampled"] < ev["rate"] - tol:
@@ -374,13 +394,15 @@ def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | N
     ckpt = getattr(cfg.policy, "checkpoint", None) or getattr(cfg.policy, "pretrained", None)
     if not ckpt or read_record(ckpt) is None or getattr(cfg.env, "type", None) != "maniskill":
         return None
-    return check_gate(ckpt, cfg.env, run_dir, log=log, policy_type=cfg.policy.type)
+    return check_gate(ckpt, cfg.env, run_dir, log=log, policy_type=cfg.policy.type,
+                      sampling=sampling_of(cfg.policy))
 
 
 def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: str | Path, *,
                     protocol: str = "maniskill_fair_v1", num_envs: int = 10,
                     num_processes: int = 2, log_std: float | None = None,
-                    env_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                    env_overrides: dict[str, Any] | None = None,
+                    policy_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """``success_once`` of a checkpoint's *sampled* actions (the RL stage's rollouts) on
     held-out trials 0..trials-1, next to which the greedy evaluation can be read.
 
@@ -404,10 +426,15 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
         log_std: evaluate a copy of the checkpoint whose Gaussian head's log-std (normalised
             action units) is this value (saved beside ``output``); None keeps the checkpoint's.
         env_overrides: further EnvConfig fields (see :func:`evaluate_checkpoint`).
+        policy_overrides: policy config fields to sample with (e.g. ``{"temperature": 1.0}``,
+            the RL run's); those the saved config has and that differ are applied to a copy of
+            the checkpoint saved beside ``output``, as ``log_std`` is.
 
     Returns:
-        ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std", "results"}``
-        (``log_std``: mean log-std used, NaN for heads without one).
+        ``{"rate", "ci95" (Wilson 95%), "successes", "episodes", "log_std", "results",
+        "changed", "saved"}`` (``log_std``: mean log-std used, NaN for heads without one;
+        ``changed``: the ``policy_overrides`` applied; ``saved``: the checkpoint's values of
+        the ``policy_overrides`` fields).
 
     Raises:
         ValueError: ``trials`` < 1.
@@ -421,14 +448,21 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
     output = Path(output)
     policy = load_policy(Path(checkpoint), map_location="cpu")
     head_std = getattr(getattr(policy, "action_head", None), "log_std", None)
-    if log_std is not None and head_std is not None:
-        with torch.no_grad():
-            head_std.fill_(float(log_std))
+    saved = {k: getattr(policy.config, k) for k in (policy_overrides or {})
+             if hasattr(policy.config, k)}
+    changed = {k: v for k, v in (policy_overrides or {}).items() if k in saved and saved[k] != v}
+    if changed:
+        policy.config = dataclasses.replace(policy.config, **changed)
+    if changed or (log_std is not None and head_std is not None):
+        if log_std is not None and head_std is not None:
+            with torch.no_grad():
+                head_std.fill_(float(log_std))
         checkpoint = output.with_name(f"{output.stem}_policy")
         save_policy(policy, checkpoint)
     ev = evaluate_checkpoint(checkpoint, env_cfg, output, trials, protocol=protocol,
                              num_envs=num_envs, num_processes=num_processes,
                              policy_mode="sample", reports=False, env_overrides=env_overrides)
     return {"rate": ev["rate"], "ci95": ev["ci95"], "successes": ev["successes"],
-            "episodes": ev["episodes"], "results": ev["results"],
+            "episodes": ev["episodes"], "results": ev["results"], "changed": changed,
+            "saved": saved,
             "log_std": float(head_std.detach().mean()) if head_std is not None else float("nan")}

@@ -519,7 +519,7 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
             command says how to go on).
     """
     from rlinf_embodied.runners.embodied import EmbodiedRunner
-    from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint
+    from rlinf_embodied.sft.gate import check_gate, evaluate_checkpoint, sampling_of
 
 
     job = validate_rl_stage(cfg, extra_overrides)
@@ -533,7 +533,8 @@ def run_rl(cfg: SFTJobConfig, log=print, extra_overrides: list[str] | None = Non
         t0 = time.perf_counter()
         gate = check_gate(job.policy.checkpoint or job.policy.pretrained, job.env, rl_dir,
                           episodes=cfg.eval.gate_episodes, tolerance=cfg.eval.gate_tolerance,
-                          log=log, policy_type=job.policy.type)
+                          log=log, policy_type=job.policy.type,
+                          sampling=sampling_of(job.policy))
         gate["wall_s"] = time.perf_counter() - t0
         atomic_write_json(rl_dir / "gate.json", gate)
     t0 = time.perf_counter()

@@ -143,3 +143,24 @@ def test_bad_inputs_get_one_line(pipeline, tmp_path):
         validate_rl_stage(cfg, ["policy.action_chunk=8", "trainer.rollout_steps=6"])  # 48 steps
     with pytest.raises(GateError, match="holds a 'openvla_oft' policy but the RL run's policy.type is 'openvla'"):
         check_gate(cfg.run_dir() / "sft" / "vla", cfg.env, tmp_path, policy_type="openvla")
+
+
+def test_gate_samples_as_the_rl_run_does(pipeline, tmp_path):
+    """An RL run whose sampling setting (here the token temperature) differs from the SFT
+    checkpoint's saved config: the gate's sampled evaluation draws at the RL run's value (a copy
+    of the checkpoint with it), and with the checkpoint's own value it evaluates the checkpoint."""
+    from rlinf_embodied.eval.results import ResultsFile
+    from rlinf_embodied.sft.gate import sampled_success
+
+    cfg, out = pipeline
+    ckpt = out["checkpoint"]
+    moved = sampled_success(ckpt, cfg.env, 1, tmp_path / "moved.json", protocol="maniskill_lang3_v1",
+                            num_envs=2, num_processes=0, policy_overrides={"temperature": 0.5})
+    assert moved["changed"] == {"temperature": 0.5} and moved["saved"] == {"temperature": 1.0}
+    header = ResultsFile.load(moved["results"]).header
+    assert header["execution"]["sample_temperature"] == 0.5
+    assert header["policy"]["path"].endswith("moved_policy")  # the copy, not the checkpoint
+    same = sampled_success(ckpt, cfg.env, 1, tmp_path / "same.json", protocol="maniskill_lang3_v1",
+                           num_envs=2, num_processes=0, policy_overrides={"temperature": 1.0})
+    assert same["changed"] == {} and not (tmp_path / "same_policy").exists()
+    assert ResultsFile.load(same["results"]).header["execution"]["sample_temperature"] == 1.0
