@@ -363,7 +363,7 @@ def check_gate(checkpoint: str | Path, env_cfg: EnvConfig, out_dir: str | Path,
         spread = ("" if result["log_std"] is None
                   else f"; mean log-std {result['log_std']:.2f}")
         spread += "".join(f"; {k} {v} (the SFT checkpoint's: {sp['saved'][k]})"
-                          for k, v in result["sampled_with"].items())
+                          for k, v in sp["changed"].items())
         log(f"  sampled actions (what RL rollouts take{spread}) "
             f"score {result['sampled']:.2f} on the same trials")
         if result["sampled"] < ev["rate"] - tol:
@@ -451,12 +451,13 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
     saved = {k: getattr(policy.config, k) for k in (policy_overrides or {})
              if hasattr(policy.config, k)}
     changed = {k: v for k, v in (policy_overrides or {}).items() if k in saved and saved[k] != v}
+    set_std = log_std is not None and head_std is not None
+    if set_std:
+        with torch.no_grad():
+            head_std.fill_(float(log_std))
     if changed:
         policy.config = dataclasses.replace(policy.config, **changed)
-    if changed or (log_std is not None and head_std is not None):
-        if log_std is not None and head_std is not None:
-            with torch.no_grad():
-                head_std.fill_(float(log_std))
+    if changed or set_std:
         checkpoint = output.with_name(f"{output.stem}_policy")
         save_policy(policy, checkpoint)
     ev = evaluate_checkpoint(checkpoint, env_cfg, output, trials, protocol=protocol,
