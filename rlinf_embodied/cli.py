@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from rlinf_embodied import __version__
-from rlinf_embodied.cli_run import fresh_run_dir, how_it_ended, report_saved
+from rlinf_embodied.cli_run import exit_now, fresh_run_dir, how_it_ended, report_saved
 from rlinf_embodied.runners.errors import short_error, start_hint
 
 app = typer.Typer(
@@ -399,6 +399,8 @@ def train(
         except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
             typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
             report_saved(runner, run_dir, "failed")
+            if runner.ray_gone:
+                exit_now(1)
             raise typer.Exit(1)
         how = how_it_ended(runner, signals)
         report_saved(runner, run_dir, how)

@@ -24,8 +24,10 @@ from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.restarts import (
     RANK_LOSS_ERRORS,
     RunLostError,
+    driver_node_gone,
     lost_nodes,
     lost_ranks,
+    ray_head_gone,
     wait_for_capacity,
 )
 from rlinf_embodied.runners.setup import Groups, check_divisibility, group_ranks, launch_groups
@@ -100,6 +102,9 @@ class EmbodiedRunner:
             print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
         self.restarts = 0
         """Restarts so far (``trainer.max_restarts``)."""
+        self.ray_gone = False
+        """The driver's own Ray node or the cluster's head died: no restart, and no shutdown
+        calls (they would block on the dead processes; the CLI exits at once after its report)."""
         self._eval_s = 0.0
         """Seconds the last in-training evaluation took (``trainer.max_time_s``'s forecast)."""
         try:
@@ -160,7 +165,8 @@ class EmbodiedRunner:
                 self.log.close()
                 plot_curves(self.run_dir)
             finally:
-                self.g.shutdown()
+                if not self.ray_gone:
+                    self.g.shutdown()
                 if owns_handlers:
                     self.signals.restore()
         return self.state
@@ -227,18 +233,26 @@ class EmbodiedRunner:
             RunLostError: ``trainer.max_restarts`` used up, or no capacity fits.
         """
         g, t = self.g, self.cfg.trainer
+        why = ray_head_gone()  # before any Ray call: those block once the GCS is gone
+        if why:
+            self.ray_gone = True
+            raise RunLostError(f"iteration {self.state['iteration'] + 1} failed: {why}") from err
         groups = {"env": g.env, "rollout": g.rollout, "actor": g.actor}
         lost = lost_ranks(groups)
         if not lost:
             raise err
         reached = self.state["iteration"]
         what = f"lost {', '.join(lost)} during iteration {reached + 1}"
+        t0 = time.monotonic()
+        gone = lost_nodes(groups)
+        why = driver_node_gone(gone)
+        if why:
+            self.ray_gone = True  # run()'s shutdown would wait on the dead raylet: skipped
+            raise RunLostError(f"{what}: {why}") from err
         if self.restarts >= t.max_restarts:
             raise RunLostError(f"{what}; trainer.max_restarts={t.max_restarts} restart(s) "
                                f"used up") from err
         self.restarts += 1
-        t0 = time.monotonic()
-        gone = lost_nodes(groups)
         ckpt = latest_loadable_checkpoint(self.run_dir)
         state = (json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None
                  else {"iteration": 0, "env_steps": 0})

@@ -2,6 +2,8 @@
 
 When an iteration fails, the runner asks which ranks of its placed groups (env, rollout,
 actor) are gone (:func:`lost_ranks`). None: the failure is a bug and the run stops as before.
+When its own Ray is gone (the cluster's head, :func:`ray_head_gone`, or the driver's node,
+:func:`driver_node_gone`), nothing can start again from this process: it stops at once.
 Some: the runner stops the groups, waits for reserved capacity that fits its placement
 (:func:`wait_for_capacity`: a lost node coming back, or what is left), starts the groups again
 from the newest complete checkpoint and runs the iterations since it again, as ``train
@@ -13,6 +15,7 @@ torchrun's ``--max-restarts`` bound theirs; then, or when no capacity fits, it s
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -20,7 +23,10 @@ import ray
 
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError
 
-__all__ = ["RANK_LOSS_ERRORS", "RunLostError", "lost_ranks", "wait_for_capacity"]
+__all__ = [
+    "RANK_LOSS_ERRORS", "RunLostError", "driver_node_gone", "lost_ranks", "ray_head_gone",
+    "wait_for_capacity",
+]
 
 RANK_LOSS_ERRORS = (WorkerDiedError, RemoteError, ray.exceptions.RayActorError)
 """Errors after which the runner looks for lost ranks: a dead rank's call, or a surviving
@@ -57,6 +63,38 @@ def lost_nodes(groups: Dict[str, object]) -> List[str]:
     used = {devs[0].node_id for g in groups.values() for devs in g.rank_devices}
     return sorted(n for n in used if n not in nodes or not nodes[n].get("Alive")
                   or raylet_gone(nodes[n]))
+
+
+def ray_head_gone(timeout: float = 0.5) -> Optional[str]:
+    """Why no restart can help when the Ray cluster's head (its GCS) refuses connections, else
+    None. Found with a TCP connect to the GCS address, not a Ray call: with the GCS gone every
+    Ray call blocks, and Ray's core worker ends the process 60 s after losing it ("Failed to
+    connect to GCS within 60 seconds"), so the run must say what is saved before then. A timeout
+    is not taken as gone (a busy network); Ray's own detection covers it."""
+    address = ray.get_runtime_context().gcs_address
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return (f"the Ray cluster's head (GCS at {address}) is gone (`ray stop`, an OOM kill, a "
+                f"crash), so no group can start again from this process")
+    except (OSError, ValueError):
+        return None
+
+
+def driver_node_gone(gone: List[str]) -> Optional[str]:
+    """Why no restart can help when the driver's own Ray node is among ``gone`` (node ids), else
+    None. The driver reaches Ray through its node's raylet; with that raylet dead (``ray stop``,
+    an OOM kill, a crash) nothing can be placed from this process again, so waiting
+    ``trainer.restart_wait_s`` for capacity only delays the error (measured: 308 s to the same
+    message with the default 300 s)."""
+    node = ray.get_runtime_context().get_node_id()
+    if node not in gone:
+        return None
+    return (f"the Ray node this run's driver is on ({node[:12]}) is gone (its raylet was stopped "
+            f"or killed: `ray stop`, an OOM kill, a crash), so no group can start again from this "
+            f"process")
 
 
 def wait_for_capacity(cluster, shape: Callable[[int], Optional[dict]], wanted: dict,

@@ -107,3 +107,33 @@ def test_double_sigint_saves_and_resumes(tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{state['iteration'] + 1:06d}"
     again = _run(cmd)
     assert again.returncode == 0 and "has finished" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("kill", [("raylet",), ("raylet", "gcs_server")],
+                         ids=["driver_raylet", "whole_cluster"])
+def test_lost_ray_cluster_ends_the_run_with_what_is_saved(tmp_path, kill):
+    """The run's own Ray dies under it (its raylet, or raylet and GCS as `ray stop` does): no
+    restart can help, so the run says at once what is saved and how to resume, and leaves no
+    process behind; it does not wait trainer.restart_wait_s for capacity (it used to, 300 s;
+    with the GCS gone Ray then aborted the process 60 s in, before anything was said)."""
+    run_dir = tmp_path / "runs" / "x"
+    job = [a for a in JOB if not a.startswith("trainer.save_every=")]
+    proc = _started(job + ["run.name=x", f"run.output_dir={tmp_path / 'runs'}",
+                           "trainer.save_every=1", "trainer.restart_wait_s=3000"], run_dir)
+    children = {p: p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
+    for p, name in children.items():
+        if name in kill:
+            p.kill()
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out
+    assert "no group can start again from this process" in out, out
+    assert "waiting up to" not in out and "Failed to connect to GCS" not in out, out
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert f"checkpoint: {run_dir / 'checkpoints' / latest}" in out, out
+    assert f"train --resume {run_dir}" in out, out
+    # Ray's agents, children of the killed raylet, are not this process's to kill any more:
+    # they end by themselves after Ray's 60 s GCS reconnect timeout (measured: gone within 90 s)
+    children = [p for p, name in children.items() if not name.endswith("Agent")]
+    _, alive = psutil.wait_procs(children, timeout=30)
+    alive = [p for p in alive if _running(p)]
+    assert not alive, f"left running after the lost cluster: {_cmdlines(alive)}"
