@@ -23,6 +23,7 @@ from rlinf_embodied.metrics import MetricLogger, plot_curves
 from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.restarts import (
     RANK_LOSS_ERRORS,
+    RayGoneError,
     RunLostError,
     driver_node_gone,
     lost_nodes,
@@ -103,8 +104,8 @@ class EmbodiedRunner:
         self.restarts = 0
         """Restarts so far (``trainer.max_restarts``)."""
         self.ray_gone = False
-        """The driver's own Ray node or the cluster's head died: no restart, and no shutdown
-        calls (they would block on the dead processes; the CLI exits at once after its report)."""
+        """The driver's own Ray node or the cluster's head died (:class:`RayGoneError`): no
+        restart, and no shutdown calls (they would block on the dead processes)."""
         self._eval_s = 0.0
         """Seconds the last in-training evaluation took (``trainer.max_time_s``'s forecast)."""
         try:
@@ -236,7 +237,7 @@ class EmbodiedRunner:
         why = ray_head_gone()  # before any Ray call: those block once the GCS is gone
         if why:
             self.ray_gone = True
-            raise RunLostError(f"iteration {self.state['iteration'] + 1} failed: {why}") from err
+            raise RayGoneError(f"iteration {self.state['iteration'] + 1} failed: {why}") from err
         groups = {"env": g.env, "rollout": g.rollout, "actor": g.actor}
         lost = lost_ranks(groups)
         if not lost:
@@ -248,7 +249,7 @@ class EmbodiedRunner:
         why = driver_node_gone(gone)
         if why:
             self.ray_gone = True  # run()'s shutdown would wait on the dead raylet: skipped
-            raise RunLostError(f"{what}: {why}") from err
+            raise RayGoneError(f"{what}: {why}") from err
         if self.restarts >= t.max_restarts:
             raise RunLostError(f"{what}; trainer.max_restarts={t.max_restarts} restart(s) "
                                f"used up") from err

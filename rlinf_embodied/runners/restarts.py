@@ -24,8 +24,8 @@ import ray
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError
 
 __all__ = [
-    "RANK_LOSS_ERRORS", "RunLostError", "driver_node_gone", "lost_ranks", "ray_head_gone",
-    "wait_for_capacity",
+    "RANK_LOSS_ERRORS", "RayGoneError", "RunLostError", "driver_node_gone", "lost_ranks",
+    "ray_head_gone", "wait_for_capacity",
 ]
 
 RANK_LOSS_ERRORS = (WorkerDiedError, RemoteError, ray.exceptions.RayActorError)
@@ -42,6 +42,13 @@ CAPACITY_POLL_S = 1.0
 class RunLostError(RuntimeError):
     """The run cannot go on: ``trainer.max_restarts`` is used up, or no reserved capacity
     fits the placement within ``trainer.restart_wait_s``."""
+
+
+class RayGoneError(RunLostError):
+    """The run's own Ray died under it (:func:`ray_head_gone`, :func:`driver_node_gone`). The
+    command that catches it says what is saved and then exits with
+    :func:`rlinf_embodied.cli_run.exit_now`: Ray's exit hooks would wait for the dead GCS until
+    Ray's core worker aborts the process."""
 
 
 def lost_ranks(groups: Dict[str, object], timeout: float = PING_TIMEOUT_S) -> List[str]:
