@@ -378,7 +378,9 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
     """The RL stage's JobConfig: ``rl.config`` + the SFT checkpoint (``policy.checkpoint``; a
     VLA's published-layout ``sft/vla`` through ``policy.pretrained``), the pipeline's env
     settings (controller, obs mode, reward: ``rl.reward_mode`` or the env's, time limits, task
-    or suite with ``rl.task_ids`` or the pipeline's tasks), ``run.dir = <run dir>/rl``, then
+    or suite with ``rl.task_ids`` or the pipeline's tasks), the policy's sampling fields
+    (:data:`~rlinf_embodied.sft.gate.SAMPLING_FIELDS`: π0's ``noise_method`` / ``noise_level``,
+    a VLA's ``temperature``) when both are of one family, ``run.dir = <run dir>/rl``, then
     ``rl.overrides``."""
     from rlinf_embodied.config import load_config
 
@@ -400,6 +402,12 @@ def rl_job_config(cfg: SFTJobConfig, extra: list[str] | None = None):
         forced.append(f"env.env_id={e.env_id}")
     if e.max_episode_steps is not None:
         forced.append(f"env.max_episode_steps={e.max_episode_steps}")
+    if load_config(cfg.rl.config).policy.type == cfg.policy.type:
+        # what `sample` draws (the rollouts') is set where the policy is: the pipeline's policy
+        # section (rl.overrides still win); no SFT-stage evaluation reads these fields
+        from rlinf_embodied.sft.gate import sampling_of
+
+        forced += [f"policy.{k}={v}" for k, v in sampling_of(cfg.policy).items() if v is not None]
     return load_config(cfg.rl.config, [*forced, *cfg.rl.overrides, *(extra or [])])
 
 

@@ -94,6 +94,24 @@ def test_rl_stage_reward_and_time_limits_survive_rl_overrides(name, tmp_path):
     assert mlp.rl.reward_mode is None and rl_job_config(mlp).env.reward_mode == mlp.env.reward_mode
 
 
+def test_the_pipelines_sampling_fields_reach_the_rl_stage(tmp_path):
+    """``policy.noise_method`` / ``noise_level`` (π0) and ``policy.temperature`` (OpenVLA) of
+    the pipeline are what its RL rollouts sample with (they were silently the RL config's);
+    ``rl.overrides`` still win."""
+    from rlinf_embodied.sft.pipeline import rl_job_config
+
+    pi0 = "configs/sft/maniskill_lang3_sft_rl_pi0.yaml"
+    job = rl_job_config(load_sft_config(pi0, [f"run.dir={tmp_path}", "policy.noise_method=flow_noise",
+                                              "policy.noise_level=0.7"]))
+    assert (job.policy.noise_method, job.policy.noise_level) == ("flow_noise", 0.7)
+    job = rl_job_config(load_sft_config(pi0, [f"run.dir={tmp_path}", "policy.noise_level=0.7",
+                                              "rl.overrides=[policy.noise_level=0.3]"]))
+    assert (job.policy.noise_method, job.policy.noise_level) == ("flow_sde", 0.3)
+    tok = "configs/sft/maniskill_lang3_sft_rl_openvla.yaml"
+    assert rl_job_config(load_sft_config(tok, [f"run.dir={tmp_path}", "policy.temperature=1.0"])
+                         ).policy.temperature == 1.0
+
+
 def test_the_rl_checkpoint_to_evaluate_is_latest_or_best():
     cfg = load_sft_config("configs/sft/maniskill_lang3_sft_rl_oft.yaml")
     assert cfg.eval.rl_checkpoint == "latest"
