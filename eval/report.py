@@ -80,8 +80,8 @@ def markdown_table(results: ResultsFile) -> str:
                              f"{v['return_ci95'][1]:.4g}]") if "mean_return" in v else "")
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-    for key, v in s["per_task"].items():
-        lines.append(row(key, v.get("instruction") or "", v))
+    for key, v in s["per_task"].items():  # a gym task's "instruction" is its env id: left blank
+        lines.append(row(key, "" if v.get("instruction") == key else v.get("instruction") or "", v))
     o = s["overall"]
     lines.append(f"| **average** | mean of {o['tasks']} task rates | {o['episodes']} | "
                  + ("| " if returns else "")

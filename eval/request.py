@@ -417,7 +417,7 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
             and req.env in families):  # `--env maniskill` for a gym run said "needs --task"
         raise EvalError(f"--env {req.env}, but the policy's run trained on --env {run_type} "
                         f"({run_cfg}); leave out --env to evaluate it on its run's env.")
-    if (req.env == "maniskill" and req.suite is None and req.task is None and run_env.get("suite")
+    if (req.env in ("maniskill", "libero") and req.suite is None and req.task is None and run_env.get("suite")
             and run_env.get("type", req.env) == req.env):
         log(f"eval: --suite {run_env['suite']} (the suite of the policy's run, {run_cfg}).")
         req = replace(req, suite=str(run_env["suite"]))

@@ -273,7 +273,7 @@ def _execution(policy: Any) -> Dict[str, Any]:
 
 def _training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
     """``": --env-override control_mode=... --env-override sensor_size=... --obs-mode ..."``
-    from the env settings saved beside a checkpoint
+    (LIBERO: ``--image-size N``) from the env settings saved beside a checkpoint
     (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any. When the run's env
     type is not ``env_type`` (the one evaluated), ``": --env TYPE --task ENV_ID"`` instead: the
     other settings belong to that env type."""
@@ -290,6 +290,8 @@ def _training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
         return ": " + " ".join(flags)
     flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
              if env.get(k) is not None]
+    if env.get("image_size") is not None:  # LIBERO: the protocol's size unless --image-size
+        flags.append(f"--image-size {env['image_size']}")
     if env.get("obs_mode"):
         flags.append(f"--obs-mode {env['obs_mode']}")
     return (": " + " ".join(flags)) if flags else ""

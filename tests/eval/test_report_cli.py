@@ -171,6 +171,10 @@ def test_mismatch_hint_names_the_run_s_env(tmp_path):
     # another env type: that type and task first; its ManiSkill settings mean nothing to gym
     assert _training_env_hint(ckpt, "gym") == ": --env maniskill --task PushCube-v1"
     assert _training_env_hint(tmp_path, "gym") == ""  # no run config
+    # LIBERO: the protocol fixes the image size; a run trained at another names --image-size
+    (tmp_path / "run" / "config.yaml").write_text(
+        "env: {type: libero, suite: libero_spatial, image_size: 64, obs_mode: rgb}\n")
+    assert _training_env_hint(ckpt, "libero") == ": --image-size 64 --obs-mode rgb"
 
 
 def test_parse_tasks_and_wiring():
@@ -231,6 +235,10 @@ def test_html_table_rows_have_the_header_s_columns(tmp_path, at_end):
     assert "<td>|</td>" not in html_table
     avg = next(ln for ln in html_table.splitlines() if "average" in ln)
     assert "<td>50.0</td>" in avg
+    # an env id as the instruction (gym, a ManiSkill task) is not repeated in its column
+    r.episodes = [Episode(task="toy/PointReach-v0", trial=0, success=True, steps=5,
+                          instruction="toy/PointReach-v0")]
+    assert "| toy/PointReach-v0 |  | 1 |" in markdown_table(r)
 
 
 def test_video_without_images_is_refused_and_leaves_no_results_file(tmp_path):
@@ -315,6 +323,11 @@ def test_a_suite_run_is_evaluated_on_its_own_tasks_unless_the_suite_is_named():
     assert (req.env, req.suite, req.tasks, req.task) == ("maniskill", "maniskill_lang3", [0, 1], None)
     assert said[-1].startswith("eval: --tasks 0,1 (the tasks the policy's run trained on; "
                                "--suite maniskill_lang3 evaluates every task)")
+    # a LIBERO run's suite too (the fresh-user trial: `--env libero needs --suite` before)
+    req = adopt_run_env(EvalRequest(env=None, policy="run"), {"type": "libero", "suite": "libero_spatial"},
+                        "c", FAMILIES, said.append)
+    assert (req.env, req.suite, req.tasks) == ("libero", "libero_spatial", None)
+    assert said[-1] == "eval: --suite libero_spatial (the suite of the policy's run, c)."
     # an explicit --suite (or --tasks) is the user's choice
     req = adopt_run_env(EvalRequest(env=None, policy="run", suite="maniskill_lang3"), run_env, "c", FAMILIES, said.append)
     assert req.tasks is None
