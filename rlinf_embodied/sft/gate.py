@@ -398,6 +398,23 @@ def gate_for_job(cfg: Any, run_dir: str | Path, log=print) -> dict[str, Any] | N
                       sampling=sampling_of(cfg.policy))
 
 
+def _with_config(policy, changed: dict[str, Any]):
+    """``policy`` rebuilt with config fields ``changed`` and its weights: modules the new config
+    adds start fresh, as the RL run's do (π0's Flow-Noise head, which a Flow-SDE checkpoint
+    lacks); changing the config in place would leave them out, and the copy would not load.
+
+    Raises:
+        ValueError: a weight of ``policy`` that the rebuilt one has no place for."""
+    from rlinf_embodied.policies.registry import policy_class
+
+    new = policy_class(policy.config.type)(dataclasses.replace(policy.config, **changed), policy.spec)
+    unexpected = new.load_state_dict(policy.state_dict(), strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"Cannot sample with {changed}: the rebuilt policy has no place for "
+                         f"{unexpected[:3]}.")
+    return new
+
+
 def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: str | Path, *,
                     protocol: str = "maniskill_fair_v1", num_envs: int = 10,
                     num_processes: int = 2, log_std: float | None = None,
@@ -456,7 +473,7 @@ def sampled_success(checkpoint: str | Path, env_cfg: Any, trials: int, output: s
         with torch.no_grad():
             head_std.fill_(float(log_std))
     if changed:
-        policy.config = dataclasses.replace(policy.config, **changed)
+        policy = _with_config(policy, changed)
     if changed or set_std:
         checkpoint = output.with_name(f"{output.stem}_policy")
         save_policy(policy, checkpoint)

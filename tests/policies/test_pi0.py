@@ -181,6 +181,22 @@ def test_save_policy_load_policy_gives_identical_outputs(tmp_path):
     assert torch.equal(a.actions, b.actions) and torch.equal(a.values, b.values)
 
 
+def test_a_flow_sde_checkpoint_samples_with_flow_noise_in_the_gate(tmp_path):
+    """The step-0 gate's sampled copy of a Flow-SDE SFT checkpoint for a Flow-Noise RL run
+    (policy_overrides noise_method): the rebuilt policy keeps every weight, gains a fresh noise
+    head, saves and loads (it failed with the head's keys missing), and its ODE is unchanged."""
+    from rlinf_embodied.sft.gate import _with_config
+
+    p = make("pi0")
+    q = _with_config(p, {"noise_method": "flow_noise"}).eval()
+    assert q.noise_head is not None and p.noise_head is None
+    save_policy(q, tmp_path)
+    r = load_policy(tmp_path).eval()
+    obs = make_obs()
+    assert torch.equal(p.act(obs, "greedy").actions, r.act(obs, "greedy").actions)
+    assert r.act(obs, "sample").logprobs is not None
+
+
 def test_inputs_prompts_bins_normalisation_and_images():
     assert pi_prompt(" pick_up the\nbowl ") == "pick up the bowl\n"
     assert pi_prompt("open it", [0, 255, -1]) == "Task: open it, State: 0 255 -1;\nAction: "
