@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from rlinf_embodied import __version__
-from rlinf_embodied.cli_run import exit_now, fresh_run_dir, how_it_ended, report_saved
+from rlinf_embodied.cli_run import fresh_run_dir, how_it_ended, report_saved
 from rlinf_embodied.runners.errors import short_error, start_hint
 
 app = typer.Typer(
@@ -400,6 +400,8 @@ def train(
             typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
             report_saved(runner, run_dir, "failed")
             if runner.ray_gone:  # RayGoneError: Ray's exit hooks would hang on the dead cluster
+                from rlinf_embodied.runners.restarts import exit_now
+
                 exit_now(1)
             raise typer.Exit(1)
         how = how_it_ended(runner, signals)

@@ -7,7 +7,6 @@ checkpoint helpers only.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Optional
 
 import typer
 
-__all__ = ["exit_now", "fresh_run_dir", "how_it_ended", "report_saved", "self_command"]
+__all__ = ["fresh_run_dir", "how_it_ended", "report_saved", "self_command"]
 
 
 def fresh_run_dir(path: Path) -> Path:
@@ -87,19 +86,3 @@ def report_saved(runner, run_dir: Optional[Path], how: str) -> None:
     if how != "done":
         typer.echo(f"continue with: {self_command()} train --resume {shlex.quote(str(run_dir))}")
 
-
-def exit_now(code: int) -> None:
-    """Exit with ``code`` at once, after a run whose Ray cluster died under it
-    (``runner.ray_gone``): the processes this one started (an embedded Ray's agents, an env
-    pool) are killed, and Ray's exit hooks are skipped, since they would wait for the dead
-    GCS until Ray's core worker aborts the process 60 s later."""
-    import psutil
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    os._exit(code)

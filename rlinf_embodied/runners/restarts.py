@@ -15,7 +15,9 @@ torchrun's ``--max-restarts`` bound theirs; then, or when no capacity fits, it s
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -24,8 +26,8 @@ import ray
 from rlinf_embodied.runtime import RemoteError, WorkerDiedError
 
 __all__ = [
-    "RANK_LOSS_ERRORS", "RayGoneError", "RunLostError", "driver_node_gone", "lost_ranks",
-    "ray_head_gone", "wait_for_capacity",
+    "RANK_LOSS_ERRORS", "RayGoneError", "RunLostError", "driver_node_gone", "exit_now",
+    "lost_ranks", "ray_head_gone", "wait_for_capacity",
 ]
 
 RANK_LOSS_ERRORS = (WorkerDiedError, RemoteError, ray.exceptions.RayActorError)
@@ -46,8 +48,7 @@ class RunLostError(RuntimeError):
 
 class RayGoneError(RunLostError):
     """The run's own Ray died under it (:func:`ray_head_gone`, :func:`driver_node_gone`). The
-    command that catches it says what is saved and then exits with
-    :func:`rlinf_embodied.cli_run.exit_now`: Ray's exit hooks would wait for the dead GCS until
+    command that catches it says what is saved and then exits with :func:`exit_now`: Ray's exit hooks would wait for the dead GCS until
     Ray's core worker aborts the process."""
 
 
@@ -146,3 +147,20 @@ def wait_for_capacity(cluster, shape: Callable[[int], Optional[dict]], wanted: d
                 f"ranks {wanted}; {cluster.num_devices} reserved device(s) now)")
             said = True
         time.sleep(CAPACITY_POLL_S)
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` at once, after a run whose Ray cluster died under it
+    (:class:`RayGoneError`): the processes this one started (an embedded Ray's agents, an env
+    pool) are killed, and Ray's exit hooks are skipped, since they would wait for the dead
+    GCS until Ray's core worker aborts the process 60 s later."""
+    import psutil
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    os._exit(code)

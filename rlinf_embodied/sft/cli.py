@@ -66,11 +66,9 @@ def _stopped(cfg, config: str, error: BaseException | None = None,
         typer.echo(f"{how}; saved: " + "; ".join(lines) + ".")
     else:
         typer.echo(f"{how} before any stage finished: nothing was saved under {run}.")
-    from rlinf_embodied.runners.restarts import RayGoneError
+    from rlinf_embodied.runners.restarts import RayGoneError, exit_now
 
     if isinstance(error, RayGoneError):  # Ray's exit hooks would hang on the dead cluster
-        from rlinf_embodied.cli_run import exit_now
-
         exit_now(1)
     raise typer.Exit(1 if error is not None else 130)
 
