@@ -109,7 +109,8 @@ def test_double_sigint_saves_and_resumes(tmp_path):
     assert again.returncode == 0 and "has finished" in again.stdout, again.stdout + again.stderr
 
 
-@pytest.mark.parametrize("kill", [("raylet",), ("raylet", "gcs_server")],
+@pytest.mark.parametrize("kill", [pytest.param(("raylet",), marks=pytest.mark.slow),  # ~50 s
+                                  ("raylet", "gcs_server")],
                          ids=["driver_raylet", "whole_cluster"])
 def test_lost_ray_cluster_ends_the_run_with_what_is_saved(tmp_path, kill):
     """The run's own Ray dies under it (its raylet, or raylet and GCS as `ray stop` does): no
