@@ -399,9 +399,9 @@ def train(
         except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
             typer.secho(f"error: {short_error(e)}", fg=typer.colors.RED, err=True)
             report_saved(runner, run_dir, "failed")
-            if runner.ray_gone:  # RayGoneError: Ray's exit hooks would hang on the dead cluster
-                from rlinf_embodied.runners.restarts import exit_now
+            from rlinf_embodied.runners.restarts import RayGoneError, exit_now
 
+            if isinstance(e, RayGoneError):  # Ray's exit hooks would hang on the dead cluster
                 exit_now(1)
             raise typer.Exit(1)
         how = how_it_ended(runner, signals)

@@ -153,7 +153,11 @@ class EmbodiedRunner:
                     if self._iteration(start):
                         break
                 except RANK_LOSS_ERRORS as err:
-                    self._restart(err)
+                    try:
+                        self._restart(err)
+                    except RayGoneError:
+                        self.ray_gone = True  # the shutdown below would wait on dead processes
+                        raise
             self.interrupted = self._stop
             if self._stop and self.state["iteration"] > 0 and self._saved_at != self.state["iteration"]:
                 print("interrupted: saving a final checkpoint")
@@ -236,7 +240,6 @@ class EmbodiedRunner:
         g, t = self.g, self.cfg.trainer
         why = ray_head_gone()  # before any Ray call: those block once the GCS is gone
         if why:
-            self.ray_gone = True
             raise RayGoneError(f"iteration {self.state['iteration'] + 1} failed: {why}") from err
         groups = {"env": g.env, "rollout": g.rollout, "actor": g.actor}
         lost = lost_ranks(groups)
@@ -248,7 +251,6 @@ class EmbodiedRunner:
         gone = lost_nodes(groups)
         why = driver_node_gone(gone)
         if why:
-            self.ray_gone = True  # run()'s shutdown would wait on the dead raylet: skipped
             raise RayGoneError(f"{what}: {why}") from err
         if self.restarts >= t.max_restarts:
             raise RunLostError(f"{what}; trainer.max_restarts={t.max_restarts} restart(s) "

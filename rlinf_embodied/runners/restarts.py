@@ -16,7 +16,6 @@ torchrun's ``--max-restarts`` bound theirs; then, or when no capacity fits, it s
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -48,8 +47,8 @@ class RunLostError(RuntimeError):
 
 class RayGoneError(RunLostError):
     """The run's own Ray died under it (:func:`ray_head_gone`, :func:`driver_node_gone`). The
-    command that catches it says what is saved and then exits with :func:`exit_now`: Ray's exit hooks would wait for the dead GCS until
-    Ray's core worker aborts the process."""
+    command that catches it says what is saved and then exits with :func:`exit_now`: Ray's
+    exit hooks would wait for the dead GCS until Ray's core worker aborts the process."""
 
 
 def lost_ranks(groups: Dict[str, object], timeout: float = PING_TIMEOUT_S) -> List[str]:
@@ -79,16 +78,14 @@ def ray_head_gone(timeout: float = 0.5) -> Optional[str]:
     Ray call blocks, and Ray's core worker ends the process 60 s after losing it ("Failed to
     connect to GCS within 60 seconds"), so the run must say what is saved before then. A timeout
     is not taken as gone (a busy network); Ray's own detection covers it."""
+    from rlinf_embodied.runtime.cluster import port_refused
+
     address = ray.get_runtime_context().gcs_address
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return None
-    except ConnectionRefusedError:
-        return (f"the Ray cluster's head (GCS at {address}) is gone (`ray stop`, an OOM kill, a "
-                f"crash), so no group can start again from this process")
-    except (OSError, ValueError):
+    if not port.isdigit() or not port_refused(host, int(port), timeout):
         return None
+    return (f"the Ray cluster's head (GCS at {address}) is gone (`ray stop`, an OOM kill, a "
+            f"crash), so no group can start again from this process")
 
 
 def driver_node_gone(gone: List[str]) -> Optional[str]:

@@ -223,12 +223,20 @@ def raylet_gone(node: dict, timeout: float = 0.2) -> bool:
     partitioned network); Ray's own detection covers those.
     """
     try:
-        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
-                                      timeout=timeout):
+        return port_refused(node["NodeManagerAddress"], int(node["NodeManagerPort"]), timeout)
+    except (KeyError, ValueError):
+        return False
+
+
+def port_refused(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Whether a TCP connect to ``host:port`` is refused (nothing listens there while the host
+    is up); a timeout or an unreachable host is not a refusal."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
             return False
     except ConnectionRefusedError:
         return True
-    except (OSError, KeyError, ValueError):
+    except OSError:
         return False
 
 
