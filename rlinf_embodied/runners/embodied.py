@@ -35,21 +35,45 @@ from rlinf_embodied.runners.setup import Groups, check_divisibility, group_ranks
 from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PlacementError, wait_all
 
-__all__ = ["EmbodiedRunner", "per_task_rates"]
+__all__ = ["EmbodiedRunner", "per_task_rates", "mixed_group_rates"]
+
+
+def _sum_per_task(stats: list, key: str) -> dict:
+    """instruction -> [count, hits] summed over the env ranks' ``stats[key]``."""
+    total: dict = {}
+    for s in stats:
+        for task, (n, k) in s.get(key, {}).items():
+            t = total.setdefault(task, [0, 0])
+            t[0] += n
+            t[1] += k
+    return total
 
 
 def per_task_rates(prefix: str, stats: list) -> dict:
     """``{prefix/<task>: success rate}`` from the env ranks' ``per_task`` (instruction ->
     [episodes, successes]); empty when the envs serve one task (nothing to break down)."""
-    total: dict = {}
-    for s in stats:
-        for task, (n, k) in s.get("per_task", {}).items():
-            t = total.setdefault(task, [0, 0.0])
-            t[0] += n
-            t[1] += k
+    total = _sum_per_task(stats, "per_task")
     if len(total) < 2:
         return {}
     return {f"{prefix}/{task.replace(' ', '_')}": k / n for task, (n, k) in sorted(total.items()) if n}
+
+
+def mixed_group_rates(stats: list) -> dict:
+    """``rollout/mixed_groups`` (and ``rollout/mixed_groups/<task>`` when the envs serve
+    several tasks): the fraction of GRPO groups in which some envs succeeded and some did not,
+    from the env ranks' ``per_task_groups`` (instruction -> [groups, mixed groups]). A group
+    in which every env failed carries no gradient under a sparse reward (one in which all
+    succeeded, only their difference in steps held); a task whose fraction stays near 0 gets
+    little from GRPO."""
+    total = _sum_per_task(stats, "per_task_groups")
+    n_all = sum(n for n, _ in total.values())
+    if not n_all:
+        return {}
+    out = {"rollout/mixed_groups": sum(k for _, k in total.values()) / n_all}
+    if len(total) > 1:
+        out.update({f"rollout/mixed_groups/{task.replace(' ', '_')}": k / n
+                    for task, (n, k) in sorted(total.items()) if n})
+    return out
 
 
 def eval_record(stats: list, iteration: int, env_steps: int, batch_invariant: bool) -> tuple:
@@ -195,6 +219,8 @@ class EmbodiedRunner:
         if eps:
             m["rollout/success_once"] = sum(s["success_once"] for s in env_stats) / eps
             m.update(per_task_rates("rollout/success_once", env_stats))
+            if cfg.algorithm.advantage == "grpo":
+                m.update(mixed_group_rates(env_stats))
             m["rollout/episode_return"] = sum(s["episode_return"] for s in env_stats) / eps
             m["rollout/episodes"] = eps
         m["rollout/env_errors"] = sum(s["env_errors"] for s in env_stats)

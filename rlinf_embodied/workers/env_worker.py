@@ -196,7 +196,10 @@ class EnvWorker(Worker):
         Returns:
             Episode statistics of episodes that finished in this rollout plus timings:
             ``episodes``, ``success_once`` (sum), ``episode_return`` (sum), ``per_task``
-            (instruction -> [episodes, successes], for envs serving several tasks), ``env_steps``,
+            (instruction -> [episodes, successes], for envs serving several tasks),
+            ``per_task_groups`` (instruction -> [groups, mixed groups]: GRPO groups, envs sharing
+            a reset seed, in which some env succeeded in this rollout and some did not: the
+            groups whose success contrast carries a policy gradient), ``env_steps``,
             ``env_time_s``; the hop breakdown ``put_s``, ``wait_s``, ``queries`` and
             ``reply_hops`` (:meth:`~rlinf_embodied.runtime.Channel.hop_profile` of the replies).
         """
@@ -213,6 +216,9 @@ class EnvWorker(Worker):
             obs = self._reset_all(self.envs, iteration, phase=0)
             bufs = [_Trajectory(T) for _ in self.envs]
             ep_ret = [torch.zeros(env.num_envs) for env in self.envs]
+            succeeded = [torch.zeros(env.num_envs, dtype=torch.bool) for env in self.envs]
+            tasks = [list(o.get("task_descriptions") or [""] * env.num_envs)
+                     for o, env in zip(obs, self.envs)]  # a group's task: set at its reset
             replies = [
                 self._request(s, obs[s], request_seed(seed, iteration, self._stream_id(s), 0), "sample", False)
                 for s in range(self.stages)
@@ -238,6 +244,7 @@ class EnvWorker(Worker):
                         _count_tasks(stats["per_task"], o["task_descriptions"], done,
                                      info["success_once"].cpu())
                         stats["episode_return"] += float(ep_ret[s][done].sum())
+                        succeeded[s] |= done & info["success_once"].cpu().bool()
                         ep_ret[s][done] = 0.0
                     last = t == T - 1
                     sd = request_seed(seed, iteration, self._stream_id(s), t + 1)
@@ -249,6 +256,8 @@ class EnvWorker(Worker):
                                  (self.rank + 1) * self.stages * self.n_stream)
             traj = cat_env_axis([b.to_dict() for b in bufs])
             traj["group_ids"] = group // max(1, self.cfg.algorithm.group_size)
+            stats["per_task_groups"] = _count_groups(
+                torch.cat(succeeded), [x for t in tasks for x in t], traj["group_ids"])
             first = self.rank * self.stages * self.n_stream
             for a, lo, hi in actor_slices(first, self.stages * self.n_stream,
                                           self.cfg.env.num_envs, self.num_actor_ranks):
@@ -398,6 +407,21 @@ def _count_tasks(per_task: Dict[str, list], tasks, done: torch.Tensor, success: 
         entry = per_task.setdefault(str(tasks[i]), [0, 0.0])
         entry[0] += 1
         entry[1] += float(success[i])
+
+
+def _count_groups(succeeded: torch.Tensor, tasks: List[Any], group_ids: torch.Tensor) -> Dict[str, list]:
+    """instruction -> [groups, mixed groups] from each env's ``succeeded`` ((n,) bool: an episode
+    of it succeeded in this rollout), its instruction (``tasks``, n) and ``group_ids`` ((n,)
+    int64). A group is mixed when some of its envs succeeded and some did not; a group is
+    counted under its first env's instruction (a group shares its reset seed, so its task)."""
+    out: Dict[str, list] = {}
+    for g in torch.unique(group_ids).tolist():
+        members = torch.nonzero(group_ids == g).reshape(-1)
+        hits = succeeded[members]
+        entry = out.setdefault(str(tasks[int(members[0])]), [0, 0])
+        entry[0] += 1
+        entry[1] += int(bool(hits.any()) and not bool(hits.all()))
+    return out
 
 
 class _Trajectory:

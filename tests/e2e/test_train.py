@@ -234,6 +234,10 @@ def test_tiny_vla_configs_train(ray_session, tmp_path, name):
     assert state["iteration"] == 2 and state["env_steps"] > 0
     policy = load_policy(latest_checkpoint(tmp_path / name) / "policy")
     assert policy.config.type == cfg.policy.type
+    if cfg.algorithm.advantage == "grpo":  # each iteration says how many groups carried a gradient
+        hist = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        mixed = [h["rollout/mixed_groups"] for h in hist if "rollout/episodes" in h]
+        assert len(mixed) == 2 and all(m in (0.0, 1.0) for m in mixed)  # one group of 2 envs
 
 
 def test_placement_auto_profiles_plans_and_trains(ray_session, tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_embodied.runners.embodied import eval_record
+from rlinf_embodied.runners.embodied import eval_record, mixed_group_rates
 
 
 def _rank(per_task: dict, trials: list) -> dict:
@@ -37,3 +37,24 @@ def test_overall_rates_and_per_task_rates_are_kept_apart():
 def test_one_task_has_no_breakdown():
     _, record = eval_record([_rank({"push": [5, 5]}, [])], 1, 0, False)
     assert record["success_once"] == 1.0 and record["success_once_per_task"] == {}
+
+
+def test_mixed_groups_are_counted_per_task_across_ranks():
+    """GRPO's signal per task: groups whose envs disagree (some succeeded, some not)."""
+    import torch
+
+    from rlinf_embodied.workers.env_worker import _count_groups
+
+    # rank 0: groups of 4; group 0 (push) mixed, group 1 (pull) all failed
+    rank0 = _count_groups(torch.tensor([1, 0, 0, 1, 0, 0, 0, 0], dtype=torch.bool),
+                          ["push"] * 4 + ["pull"] * 4, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
+    assert rank0 == {"push": [1, 1], "pull": [1, 0]}
+    # rank 1: group 2 (pull) all succeeded, group 3 (pull) mixed
+    rank1 = _count_groups(torch.tensor([1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.bool),
+                          ["pull"] * 8, torch.tensor([2, 2, 2, 2, 3, 3, 3, 3]))
+    assert rank1 == {"pull": [2, 1]}
+    rates = mixed_group_rates([{"per_task_groups": rank0}, {"per_task_groups": rank1}])
+    assert rates == {"rollout/mixed_groups": 0.5, "rollout/mixed_groups/pull": pytest.approx(1 / 3),
+                     "rollout/mixed_groups/push": 1.0}
+    assert mixed_group_rates([{"per_task_groups": {"": [4, 1]}}]) == {"rollout/mixed_groups": 0.25}
+    assert mixed_group_rates([{}]) == {}
