@@ -69,6 +69,16 @@ class FlowVLAPolicyConfig(PolicyConfig):
     """Flow-Noise: lower bound of the noise head's std, normalised action units (πRL: 0.08)."""
     noise_std_max: float = 0.16
     """Flow-Noise: upper bound of the noise head's std (πRL: 0.16)."""
+    initial_noise_head: bool = False
+    """Learn the distribution of the initial noise x_0 (a Gaussian with a mean and std per element
+    from the mean of the VLM prefix outputs; it starts at N(0, I), so the SFT policy's samples are
+    unchanged) and score x_0 with the chain: x_0's log-prob is added to Flow-SDE's transition
+    (it replaces Flow-Noise's fixed N(0, I) term). Both methods otherwise leave x_0 unscored, so
+    an outcome decided by where the ODE starts (which demonstrated motion a chunk follows) gives
+    their gradient nothing to follow; learning where to start the ODE is DSRL's idea
+    (Wagenmaker et al. 2025, arXiv 2506.15799). Greedy mode draws x_0 from the learned
+    distribution too (``greedy_noise: fresh``; with ``fixed``, its mean plus std times the fixed
+    noise)."""
     greedy_noise: str = "fixed"
     """Where greedy mode's ODE starts: ``fixed`` (the noise of ``greedy_noise_seed``, the same
     for every query: a deterministic policy) or ``fresh`` (a new N(0, I) draw per query, as

@@ -46,7 +46,7 @@ from rlinf_embodied.policies.pi0_inputs import (
     state_bins,
 )
 from rlinf_embodied.policies.pi0_model import PiFlowModel, PrefixCache
-from rlinf_embodied.policies.pi0_sampling import NoiseHead, chain_logprob, denoise
+from rlinf_embodied.policies.pi0_sampling import InitialNoiseHead, NoiseHead, chain_logprob, denoise
 from rlinf_embodied.policies.prismatic_config import select_device_dtype
 from rlinf_embodied.policies.prismatic_tokenizer import tiny_tokenizer
 from rlinf_embodied.policies.value_head import ValueHead
@@ -129,6 +129,9 @@ class FlowVLAPolicy(Policy):
         width = self.arch.expert.width
         self.noise_head = (NoiseHead(width, self.arch.action_dim, config.noise_std_min, config.noise_std_max)
                            if config.noise_method == "flow_noise" else None)
+        self.initial_noise_head = (InitialNoiseHead(self.arch.vlm.width, config.action_horizon,
+                                                    self.arch.action_dim)
+                                   if config.initial_noise_head else None)
         self.value_head = ValueHead(self.arch.vlm.width, config.value_head_hidden) if config.critic else None
         if config.train_expert_only:
             self.model.paligemma_with_expert.paligemma.requires_grad_(False)
@@ -181,13 +184,19 @@ class FlowVLAPolicy(Policy):
     def _velocity(self, pre: _Prefix):
         return lambda x, t: self.model.velocity(pre.cache, pre.state, x, t)
 
+    @staticmethod
+    def _pooled(pre: _Prefix) -> torch.Tensor:
+        """(N, W) mean of the valid prefix outputs."""
+        w = pre.cache.valid.to(pre.cache.hidden.dtype)[..., None]
+        return (pre.cache.hidden * w).sum(1) / w.sum(1).clamp(min=1)
+
     def _values(self, pre: _Prefix) -> torch.Tensor | None:
         """(N,) values from the mean of the valid prefix outputs, or None without critic."""
-        if self.value_head is None:
-            return None
-        w = pre.cache.valid.to(pre.cache.hidden.dtype)[..., None]
-        pooled = (pre.cache.hidden * w).sum(1) / w.sum(1).clamp(min=1)
-        return self.value_head(pooled)
+        return None if self.value_head is None else self.value_head(self._pooled(pre))
+
+    def _x0_dist(self, pre: _Prefix) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mean, std) (N, H, D) of the learned initial noise, or None (N(0, I))."""
+        return None if self.initial_noise_head is None else self.initial_noise_head(self._pooled(pre))
 
     def to_env(self, normalized: torch.Tensor) -> torch.Tensor:
         """(N, H, D) normalised model actions -> (N, K, A) env units, clipped to finite bounds."""
@@ -237,8 +246,11 @@ class FlowVLAPolicy(Policy):
         pre = self._prefix(fi)
         n = fi["states"].shape[0]
         method = "ode" if greedy else self.config.noise_method
-        res = denoise(self._velocity(pre), self._initial_noise(n, greedy), self.config.num_steps, method,
-                      self.config.noise_level, self.noise_head)
+        x0, dist = self._initial_noise(n, greedy), self._x0_dist(pre)
+        if dist is not None:  # x_0 ~ N(mean, std^2): the same standard draw, moved and scaled
+            x0 = dist[0] + dist[1] * x0
+        res = denoise(self._velocity(pre), x0, self.config.num_steps, method,
+                      self.config.noise_level, self.noise_head, x0_dist=dist)
         fi["chains"], fi["denoise_index"] = res.chain, res.index
         lp = self.to_granularity(self._crop(res.logprob))
         return ActionOutput(self.to_env(res.actions), lp, self._values(pre), fi)
@@ -261,7 +273,7 @@ class FlowVLAPolicy(Policy):
         pre = self._prefix(forward_inputs)
         lp, ent = chain_logprob(self._velocity(pre), forward_inputs["chains"],
                                 forward_inputs["denoise_index"], self.config.noise_method,
-                                self.config.noise_level, self.noise_head)
+                                self.config.noise_level, self.noise_head, self._x0_dist(pre))
         return Evaluation(self.to_granularity(self._crop(lp)), self.to_granularity(self._crop(ent)),
                           self._values(pre))
 
@@ -355,6 +367,7 @@ class FlowVLAPolicy(Policy):
                 "open_loop_steps": self.action_chunk, "action_horizon": self.horizon,
                 "denoise_steps": self.config.num_steps, "noise_method": self.config.noise_method,
                 "sample_noise_level": float(self.config.noise_level),  # Flow-SDE's, sample mode
+                "initial_noise": "learned" if self.initial_noise_head is not None else "standard normal",
                 "unnorm_key": self.unnorm_key, "layout": self.layout}
 
     # ------------------------------------------------------------------ export

@@ -13,6 +13,9 @@ step becomes a Gaussian transition ``x_{j+1} ~ N(mean_j, std_j^2)``:
 * **Flow-Noise**: every step keeps the ODE mean and adds a learned std (the :class:`NoiseHead`
   on the expert's outputs, clamped to [std_min, std_max]); the log-prob is the mean over the
   initial noise (standard normal) and all N transitions.
+* **A learned initial noise** (``x0_dist``, :class:`InitialNoiseHead`, either method): x_0 ~
+  N(mean, std^2) from the observation instead of N(0, I), and its log-prob is part of the
+  chain's (added to Flow-SDE's step, in place of Flow-Noise's N(0, I) term).
 
 Log-probs are per element of the chunk; the policy keeps the first K actions and A dims (what
 is executed), as RLinf does. Everything here is a pure function of its inputs, so the rollout
@@ -30,6 +33,7 @@ from torch import nn
 
 __all__ = [
     "DenoiseResult",
+    "InitialNoiseHead",
     "NoiseHead",
     "chain_logprob",
     "denoise",
@@ -74,6 +78,36 @@ class NoiseHead(nn.Module):
         u = torch.tanh(self.mlp(hidden.to(self.mlp[0].weight.dtype)).float())
         lo, hi = self.logvar_range[0], self.logvar_range[1]
         return torch.exp(0.5 * (lo + (hi - lo) * (u + 1) / 2))
+
+
+class InitialNoiseHead(nn.Module):
+    """The learned initial-noise distribution: pooled prefix (B, W) -> mean, std (B, H, D).
+
+    ``Linear(W, 128) -> GELU -> Linear(128, 2 H D)``, float32, times :attr:`OUTPUT_SCALE`; the
+    last layer starts at zero, so the distribution starts at N(0, I) (the flow's prior) and the
+    policy's samples are those of the SFT checkpoint until RL moves it. The log-std is clamped
+    to [-5, 1]: std in [0.0067, 2.7].
+    """
+
+    OUTPUT_SCALE = 5.0
+    """The new head learns at the RL run's learning rate, set for the pretrained weights (1e-4
+    for the miniature): an Adam step moves a mean by about lr x 128 inputs x 0.5, 0.006 at
+    1e-4, so 64 steps (16 iterations of 2 epochs x 2 minibatches) could move it 0.4 prior
+    std at most; scaling the output by 5 makes that 2, enough to reach another start."""
+
+    def __init__(self, in_dim: int, horizon: int, action_dim: int):
+        super().__init__()
+        self.shape = (horizon, action_dim)
+        self.fc1 = nn.Linear(in_dim, 128)
+        self.fc2 = nn.Linear(128, 2 * horizon * action_dim)
+        nn.init.zeros_(self.fc2.weight)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, W) any float dtype -> (mean, std), each (B, H, D) float32."""
+        out = self.OUTPUT_SCALE * self.fc2(nn.functional.gelu(self.fc1(pooled.to(self.fc1.weight.dtype)))).float()
+        mean, log_std = out.view(pooled.shape[0], 2, *self.shape).unbind(1)
+        return mean, torch.exp(log_std.clamp(-5.0, 1.0))
 
 
 def transition(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, delta: torch.Tensor,
@@ -126,7 +160,8 @@ class DenoiseResult:
 
 def denoise(velocity: VelocityFn, x0: torch.Tensor, num_steps: int, method: str,
             noise_level: float = 0.5, noise_head: NoiseHead | None = None,
-            index: torch.Tensor | None = None) -> DenoiseResult:
+            index: torch.Tensor | None = None,
+            x0_dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> DenoiseResult:
     """Integrate from ``x0`` with N steps; ``method`` ``ode``, ``flow_sde`` or ``flow_noise``.
 
     Args:
@@ -138,6 +173,8 @@ def denoise(velocity: VelocityFn, x0: torch.Tensor, num_steps: int, method: str,
         noise_head: Flow-Noise std head.
         index: (B,) Flow-SDE steps; None draws them uniformly (torch's global generator, like
             the transition noise).
+        x0_dist: (mean, std), each (B, H, D), of the learned distribution ``x0`` was drawn
+            from (:class:`InitialNoiseHead`); None: N(0, I), unscored by Flow-SDE.
 
     Returns:
         A :class:`DenoiseResult`.
@@ -148,9 +185,10 @@ def denoise(velocity: VelocityFn, x0: torch.Tensor, num_steps: int, method: str,
     chain, logps, ents = [x], [], []
     if method == "flow_sde" and index is None:
         index = torch.randint(0, num_steps, (b,), device=dev)
-    if method == "flow_noise":
-        logps.append(gaussian_logprob(x, torch.zeros_like(x), torch.ones_like(x)))
-        ents.append(gaussian_entropy(torch.ones_like(x)))
+    if method != "ode" and (method == "flow_noise" or x0_dist is not None):
+        lp0, ent0 = _initial_terms(x, x0_dist)
+        logps.append(lp0)
+        ents.append(ent0)
     sigmas = sde_sigmas(grid, noise_level) if method == "flow_sde" else None
     zero = torch.zeros_like(x)
     for j in range(num_steps):
@@ -179,16 +217,25 @@ def denoise(velocity: VelocityFn, x0: torch.Tensor, num_steps: int, method: str,
         logp = ent = zero
         index = torch.full((b,), -1, dtype=torch.long, device=dev)
     elif method == "flow_sde":
-        logp, ent = torch.stack(logps).sum(0), torch.stack(ents).sum(0)  # one non-zero term
+        # one non-zero step term (plus x_0's with a learned initial noise)
+        logp, ent = torch.stack(logps).sum(0), torch.stack(ents).sum(0)
     else:
         logp, ent = torch.stack(logps).mean(0), torch.stack(ents).mean(0)
         index = torch.full((b,), -1, dtype=torch.long, device=dev)
     return DenoiseResult(torch.stack(chain, dim=1), index, logp, ent)
 
 
+def _initial_terms(x0: torch.Tensor, x0_dist: tuple[torch.Tensor, torch.Tensor] | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy (B, H, D) of the initial noise: under ``x0_dist`` or N(0, I)."""
+    mean, std = x0_dist if x0_dist is not None else (torch.zeros_like(x0), torch.ones_like(x0))
+    return gaussian_logprob(x0, mean, std), gaussian_entropy(std)
+
+
 def chain_logprob(velocity: VelocityFn, chain: torch.Tensor, index: torch.Tensor, method: str,
-                  noise_level: float = 0.5,
-                  noise_head: NoiseHead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  noise_level: float = 0.5, noise_head: NoiseHead | None = None,
+                  x0_dist: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Recompute the log-prob and entropy (B, H, D) of a stored chain (with gradient).
 
     Flow-SDE evaluates only each sample's step ``index`` (one expert pass at per-sample times);
@@ -196,7 +243,8 @@ def chain_logprob(velocity: VelocityFn, chain: torch.Tensor, index: torch.Tensor
     same weights and batch the values are identical.
 
     Args:
-        chain: (B, N + 1, H, D) from :attr:`DenoiseResult.chain`; index: (B,) Flow-SDE steps.
+        chain: (B, N + 1, H, D) from :attr:`DenoiseResult.chain`; index: (B,) Flow-SDE steps;
+        x0_dist: as :func:`denoise`'s.
     """
     b, steps = chain.shape[0], chain.shape[1] - 1
     grid = time_grid(steps, chain.device)
@@ -210,12 +258,15 @@ def chain_logprob(velocity: VelocityFn, chain: torch.Tensor, index: torch.Tensor
         std = (delta.sqrt() * sigma)[:, None, None].expand_as(x)
         # The same elementwise ops as the rollout's torch.where over (step == index).
         zero = torch.zeros_like(x)
-        return (zero + gaussian_logprob(x_next, mean, std)), (zero + gaussian_entropy(std))
+        lp, ent = zero + gaussian_logprob(x_next, mean, std), zero + gaussian_entropy(std)
+        if x0_dist is None:
+            return lp, ent
+        lp0, ent0 = _initial_terms(chain[:, 0], x0_dist)  # summed in the rollout's order
+        return torch.stack([lp0, lp]).sum(0), torch.stack([ent0, ent]).sum(0)
     if method != "flow_noise":
         raise ValueError(f"Cannot score a chain sampled with {method!r}; use flow_sde or flow_noise.")
-    x0 = chain[:, 0]
-    logps = [gaussian_logprob(x0, torch.zeros_like(x0), torch.ones_like(x0))]
-    ents = [gaussian_entropy(torch.ones_like(x0))]
+    lp0, ent0 = _initial_terms(chain[:, 0], x0_dist)
+    logps, ents = [lp0], [ent0]
     for j in range(steps):
         t, delta = grid[j].expand(b), (grid[j] - grid[j + 1]).expand(b)
         v, hidden = velocity(chain[:, j], t)

@@ -52,9 +52,10 @@ __all__ = [
 RECORD_FILE = "sft_record.json"
 """Name of the SFT record next to an SFT checkpoint's ``policy/`` directory."""
 
-SAMPLING_FIELDS = ("temperature", "noise_method", "noise_level")
+SAMPLING_FIELDS = ("temperature", "noise_method", "noise_level", "initial_noise_head")
 """Policy config fields that set what ``sample`` mode draws and that an RL run may set apart
-from the SFT checkpoint's saved config (a VLA's token temperature, π0's Flow-SDE): the gate's
+from the SFT checkpoint's saved config (a VLA's token temperature, π0's Flow-SDE and learned
+initial noise): the gate's
 sampled evaluation uses the RL run's values (:func:`sampling_of`), as its rollouts do."""
 
 

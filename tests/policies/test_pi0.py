@@ -146,6 +146,57 @@ def test_one_update_raises_logprob_of_positive_advantage_chunks(kind, method):
     assert (after[adv < 0] < before[adv < 0]).all(), (before, after)
 
 
+@pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
+def test_a_learned_initial_noise_starts_at_the_prior_and_is_scored_exactly(method):
+    from rlinf_embodied.policies.pi0_sampling import gaussian_logprob
+
+    plain, p = make("pi0", method), make("pi0", method, initial_noise_head=True)
+    obs = make_obs()
+    torch.manual_seed(4)
+    ref = plain.act(obs, "sample")
+    torch.manual_seed(4)
+    out = p.act(obs, "sample")
+    # at the start x_0 ~ N(0, I): the SFT policy's samples, draw for draw
+    assert torch.equal(out.actions, ref.actions)
+    x0 = out.forward_inputs["chains"][:, 0]
+    if method == "flow_sde":  # x_0's log-prob is added to the chosen step's
+        extra = gaussian_logprob(x0, torch.zeros_like(x0), torch.ones_like(x0))[:, :4]
+        torch.testing.assert_close(out.logprobs, ref.logprobs + extra, rtol=0, atol=1e-5)
+    else:  # Flow-Noise already scores x_0 under N(0, I)
+        torch.testing.assert_close(out.logprobs, ref.logprobs, rtol=0, atol=1e-6)
+    assert torch.equal(p.evaluate(out.forward_inputs).logprobs, out.logprobs)  # recomputed exactly
+    assert p.execution()["initial_noise"] == "learned"
+    assert plain.execution()["initial_noise"] == "standard normal"
+
+
+def test_rl_learns_where_the_ode_starts_with_a_learned_initial_noise():
+    """An outcome decided by x_0 alone (its first element's sign): Flow-SDE's step log-prob
+    carries no expected gradient toward it; x_0's learned mean moves to the rewarded side."""
+    p = make("pi0", "flow_sde", initial_noise_head=True)
+    obs = make_obs()
+    opt = torch.optim.Adam(p.initial_noise_head.parameters(), lr=3e-3)
+    torch.manual_seed(6)
+    for _ in range(15):
+        out = p.act(obs, "sample")
+        x00 = out.forward_inputs["chains"][:, 0, 0, 0]
+        adv = torch.where(x00 > 0, 1.0, -1.0)
+        ev = p.evaluate(out.forward_inputs)
+        loss, _ = ppo_loss(logprobs=ev.logprobs, old_logprobs=out.logprobs, advantages=adv)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        mean, std = p._x0_dist(p._prefix(p.encode_obs(obs)))
+    assert (mean[:, 0, 0] > 0.5).all(), mean[:, 0, 0]
+    torch.manual_seed(7)  # greedy (fresh) starts the ODE from the learned distribution too
+    g = make("pi0", "flow_sde", initial_noise_head=True, greedy_noise="fresh")
+    g.load_state_dict(p.state_dict())
+    torch.manual_seed(8)
+    start = g.act(obs, "greedy").forward_inputs["chains"][:, 0]
+    torch.manual_seed(8)
+    torch.testing.assert_close(start, mean + std * torch.randn(N, 6, 7), rtol=0, atol=1e-6)
+
+
 def test_sft_loss_trains_toward_demonstrated_chunks():
     p = make("pi0", action_horizon=2, action_chunk=2)
     obs = make_obs(n=2)
