@@ -130,7 +130,7 @@ class FlowVLAPolicy(Policy):
         self.noise_head = (NoiseHead(width, self.arch.action_dim, config.noise_std_min, config.noise_std_max)
                            if config.noise_method == "flow_noise" else None)
         self.initial_noise_head = (InitialNoiseHead(self.arch.vlm.width, config.action_horizon,
-                                                    self.arch.action_dim)
+                                                    self.arch.action_dim, config.initial_noise_gain)
                                    if config.initial_noise_head else None)
         self.value_head = ValueHead(self.arch.vlm.width, config.value_head_hidden) if config.critic else None
         if config.train_expert_only:

@@ -83,21 +83,16 @@ class NoiseHead(nn.Module):
 class InitialNoiseHead(nn.Module):
     """The learned initial-noise distribution: pooled prefix (B, W) -> mean, std (B, H, D).
 
-    ``Linear(W, 128) -> GELU -> Linear(128, 2 H D)``, float32, times :attr:`OUTPUT_SCALE`; the
-    last layer starts at zero, so the distribution starts at N(0, I) (the flow's prior) and the
-    policy's samples are those of the SFT checkpoint until RL moves it. The log-std is clamped
-    to [-5, 1]: std in [0.0067, 2.7].
+    ``Linear(W, 128) -> GELU -> Linear(128, 2 H D)``, float32, times ``gain`` (the head's
+    learning-rate multiplier: ``policy.initial_noise_gain``); the last layer starts at zero, so
+    the distribution starts at N(0, I) (the flow's prior) and the policy's samples are those of
+    the SFT checkpoint until RL moves it. The log-std is clamped to [-5, 1]: std in
+    [0.0067, 2.7].
     """
 
-    OUTPUT_SCALE = 5.0
-    """The new head learns at the RL run's learning rate, set for the pretrained weights (1e-4
-    for the miniature): an Adam step moves a mean by about lr x 128 inputs x 0.5, 0.006 at
-    1e-4, so 64 steps (16 iterations of 2 epochs x 2 minibatches) could move it 0.4 prior
-    std at most; scaling the output by 5 makes that 2, enough to reach another start."""
-
-    def __init__(self, in_dim: int, horizon: int, action_dim: int):
+    def __init__(self, in_dim: int, horizon: int, action_dim: int, gain: float = 5.0):
         super().__init__()
-        self.shape = (horizon, action_dim)
+        self.shape, self.gain = (horizon, action_dim), float(gain)
         self.fc1 = nn.Linear(in_dim, 128)
         self.fc2 = nn.Linear(128, 2 * horizon * action_dim)
         nn.init.zeros_(self.fc2.weight)
@@ -105,7 +100,7 @@ class InitialNoiseHead(nn.Module):
 
     def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, W) any float dtype -> (mean, std), each (B, H, D) float32."""
-        out = self.OUTPUT_SCALE * self.fc2(nn.functional.gelu(self.fc1(pooled.to(self.fc1.weight.dtype)))).float()
+        out = self.gain * self.fc2(nn.functional.gelu(self.fc1(pooled.to(self.fc1.weight.dtype)))).float()
         mean, log_std = out.view(pooled.shape[0], 2, *self.shape).unbind(1)
         return mean, torch.exp(log_std.clamp(-5.0, 1.0))
 
