@@ -72,10 +72,12 @@ class FlowVLAPolicyConfig(PolicyConfig):
     initial_noise_head: bool = False
     """Learn the distribution of the initial noise x_0 (a Gaussian with a mean and std per element
     from the mean of the VLM prefix outputs; it starts at N(0, I), so the SFT policy's samples are
-    unchanged) and score x_0 with the chain: x_0's log-prob is added to Flow-SDE's transition
-    (it replaces Flow-Noise's fixed N(0, I) term). Both methods otherwise leave x_0 unscored, so
-    an outcome decided by where the ODE starts (which demonstrated motion a chunk follows) gives
-    their gradient nothing to follow; learning where to start the ODE is DSRL's idea
+    unchanged) and score x_0 with the chain: x_0's log-prob (and entropy, in ``train/entropy``)
+    is added to Flow-SDE's transition and replaces Flow-Noise's N(0, I) term (one of its N + 1
+    averaged terms). Otherwise Flow-SDE leaves x_0 unscored and Flow-Noise scores it under the
+    fixed N(0, I), which has no parameters, so an outcome decided by where the ODE starts
+    (which demonstrated motion a chunk follows) gives the gradient nothing to follow; learning
+    where to start the ODE is DSRL's idea
     (Wagenmaker et al. 2025, arXiv 2506.15799). Greedy mode draws x_0 from the learned
     distribution too (``greedy_noise: fresh``; with ``fixed``, its mean plus std times the fixed
     noise)."""
@@ -86,7 +88,8 @@ class FlowVLAPolicyConfig(PolicyConfig):
     miniature's 16 iterations moved its means by less than 0.05 prior std: docs/pi0.md)."""
     greedy_noise: str = "fixed"
     """Where greedy mode's ODE starts: ``fixed`` (the noise of ``greedy_noise_seed``, the same
-    for every query: a deterministic policy) or ``fresh`` (a new N(0, I) draw per query, as
+    for every query: a deterministic policy) or ``fresh`` (a new N(0, I) draw per query (from
+    the learned distribution with ``initial_noise_head``), as
     openpi's and LeRobot's inference sample; evaluations seed it per trial and query, as they
     seed sampled actions, so results stay reproducible and paired across checkpoints). The
     fixed noise is one arbitrary sample used for every query; measured on maniskill_lang3

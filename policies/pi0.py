@@ -368,14 +368,18 @@ class FlowVLAPolicy(Policy):
                 "denoise_steps": self.config.num_steps, "noise_method": self.config.noise_method,
                 "sample_noise_level": float(self.config.noise_level),  # Flow-SDE's, sample mode
                 "initial_noise": "learned" if self.initial_noise_head is not None else "standard normal",
+                "greedy_noise": self.config.greedy_noise,  # greedy mode's ODE start
+                "greedy_noise_seed": self.config.greedy_noise_seed if self.config.greedy_noise == "fixed" else None,
                 "unnorm_key": self.unnorm_key, "layout": self.layout}
 
     # ------------------------------------------------------------------ export
     def save_pretrained_like(self, path: str | Path, layout: str = "lerobot", step: int = 0) -> Path:
         """Write the model in a published layout (``lerobot`` or ``openpi``), loadable with
         ``policy.pretrained`` (and by upstream at the published sizes); tokenizer files and the
-        normalisation statistics too. The value head and Flow-Noise's noise head are not part of
-        the published layouts (a ``save_policy`` checkpoint keeps them).
+        normalisation statistics too. The value head, Flow-Noise's noise head and the learned
+        initial noise (``initial_noise_head``; without it the exported model starts the ODE from
+        N(0, I) again) are not part of the published layouts (a ``save_policy`` checkpoint keeps
+        them).
 
         Args:
             path: output directory (created).

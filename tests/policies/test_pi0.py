@@ -167,6 +167,7 @@ def test_a_learned_initial_noise_starts_at_the_prior_and_is_scored_exactly(metho
     assert torch.equal(p.evaluate(out.forward_inputs).logprobs, out.logprobs)  # recomputed exactly
     assert p.execution()["initial_noise"] == "learned"
     assert plain.execution()["initial_noise"] == "standard normal"
+    assert (plain.execution()["greedy_noise"], plain.execution()["greedy_noise_seed"]) == ("fixed", 0)
 
 
 def test_rl_learns_where_the_ode_starts_with_a_learned_initial_noise():
