@@ -148,7 +148,7 @@ def test_checkpoint_type_and_env_mismatch(tmp_path):
             "--trials-per-task", "2", "-o", str(tmp_path / "c.json")]
     res = runner.invoke(eval_app, base + ["--policy", str(tmp_path / "ckpt"),
                                           "--policy-type", "cnn"])
-    assert res.exit_code == 2 and "holds a 'mlp' policy" in res.output
+    assert res.exit_code == 2 and "holds a 'mlp' policy, not --policy-type cnn" in res.output
     res = runner.invoke(eval_app, ["--env", "gym", "--task", "CartPole-v1", "--num-processes",
                                    "0", "--policy", str(tmp_path / "ckpt"), "-o",
                                    str(tmp_path / "d.json")])
