@@ -299,18 +299,14 @@ def _training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
 
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                      expected_type: Optional[str], which: str = "latest") -> LoadedPolicy:
-    import yaml
-
-    from rlinf_embodied.policies.registry import CONFIG_FILE, PolicyCheckpointError, load_policy
+    from rlinf_embodied.policies.registry import PolicyCheckpointError, PolicyTypeError, load_policy
 
     ckpt = find_checkpoint(path, which)
-    saved = ((yaml.safe_load((ckpt / CONFIG_FILE).read_text()) or {}).get("type")
-             if expected_type is not None and (ckpt / CONFIG_FILE).is_file() else None)
-    if saved and saved != expected_type:  # named as the eval flag, not the training config key
-        raise PolicySourceError(f"Checkpoint {ckpt} holds a {saved!r} policy, not --policy-type "
-                                f"{expected_type}: pass --policy-type {saved}, or drop the flag.")
     try:
         policy = load_policy(ckpt, expected_type=expected_type, map_location=ctx.device)
+    except PolicyTypeError as e:  # named as the eval flag, not the training config key
+        raise PolicySourceError(f"Checkpoint {ckpt} holds a {e.saved_type!r} policy, not --policy-type "
+                                f"{e.expected_type}: pass --policy-type {e.saved_type}, or drop the flag.") from None
     except PolicyCheckpointError as e:
         raise PolicySourceError(str(e)) from None
     want = _spec_of(ctx)

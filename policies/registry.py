@@ -52,6 +52,15 @@ class PolicyCheckpointError(ValueError):
     """A policy checkpoint is missing, incomplete, or does not fit the requested policy."""
 
 
+class PolicyTypeError(PolicyCheckpointError):
+    """The checkpoint holds a policy of another type than the one asked for (``saved_type``,
+    ``expected_type``), so that a caller can name its own way of setting the type."""
+
+    def __init__(self, message: str, saved_type: str | None, expected_type: str):
+        super().__init__(message)
+        self.saved_type, self.expected_type = saved_type, expected_type
+
+
 def register_policy(type_name: str, config, impl, description: str = "") -> None:
     """Register a policy type: its config dataclass and :class:`Policy` class (or
     ``"module:Class"`` strings). Built-in types are registered in
@@ -174,11 +183,10 @@ def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig
     raw = yaml.safe_load(cfg_path.read_text()) or {}
     saved_type = raw.get("type")
     if expected_type is not None and saved_type != expected_type:
-        raise PolicyCheckpointError(
+        raise PolicyTypeError(
             f"Checkpoint {directory} holds a {saved_type!r} policy but policy.type is "
             f"{expected_type!r}; set policy.type={saved_type} or point policy.checkpoint at a "
-            f"{expected_type} checkpoint."
-        )
+            f"{expected_type} checkpoint.", saved_type, expected_type)
     try:
         cfg = load_config(cfg_path, schema=config_class("policy", saved_type))
     except ConfigError as e:

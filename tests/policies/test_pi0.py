@@ -42,6 +42,15 @@ def make(kind="pi0", method="flow_sde", **kw):
     return build_policy(cls(**kw), SPEC).eval()
 
 
+def ppo_step(p, out, adv, opt):
+    """One PPO update of ``p`` on its own rollout ``out`` with advantages ``adv`` (N,)."""
+    ev = p.evaluate(out.forward_inputs)
+    loss, _ = ppo_loss(logprobs=ev.logprobs, old_logprobs=out.logprobs, advantages=adv)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 @pytest.mark.parametrize("kind,method", KINDS)
 def test_evaluate_reproduces_rollout_logprobs_exactly(kind, method):
     p = make(kind, method, critic=True)
@@ -133,12 +142,7 @@ def test_one_update_raises_logprob_of_positive_advantage_chunks(kind, method):
     out = p.act(make_obs(), "sample")
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     # One small PPO step (the first-order regime, where each chunk moves with its advantage).
-    opt = torch.optim.Adam([q for q in p.parameters() if q.requires_grad], lr=1e-4)
-    ev = p.evaluate(out.forward_inputs)
-    loss, _ = ppo_loss(logprobs=ev.logprobs, old_logprobs=out.logprobs, advantages=adv)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    ppo_step(p, out, adv, torch.optim.Adam([q for q in p.parameters() if q.requires_grad], lr=1e-4))
     with torch.no_grad():
         after = p.evaluate(out.forward_inputs).logprobs.sum((1, 2))
     before = out.logprobs.sum((1, 2))
@@ -180,12 +184,7 @@ def test_rl_learns_where_the_ode_starts_with_a_learned_initial_noise():
     for _ in range(15):
         out = p.act(obs, "sample")
         x00 = out.forward_inputs["chains"][:, 0, 0, 0]
-        adv = torch.where(x00 > 0, 1.0, -1.0)
-        ev = p.evaluate(out.forward_inputs)
-        loss, _ = ppo_loss(logprobs=ev.logprobs, old_logprobs=out.logprobs, advantages=adv)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        ppo_step(p, out, torch.where(x00 > 0, 1.0, -1.0), opt)
     with torch.no_grad():
         mean, std = p._x0_dist(p._prefix(p.encode_obs(obs)))
     assert (mean[:, 0, 0] > 0.5).all(), mean[:, 0, 0]
