@@ -188,6 +188,14 @@ def test_config_show_rejects_what_train_would_reject_later():
         (["configs/gym_pointreach_ppo_mlp.yaml", "env.control_mode=pd_joint_pos"],
          "(env.control_mode is a field of env.type=maniskill, not of env.type=gym: the env section "
          "holds one kind's fields; drop env.control_mode"),
+        # the type was not changed: the hint names the configs that have the field
+        (["configs/maniskill_lang3_grpo_openvla_oft_finetune.yaml", "policy.initial_noise_head=true"],
+         "drop policy.initial_noise_head, or start from a config of policy.type=pi0 or pi05)."),
+        # OmegaConf reads any int as a bool (non-zero: true)
+        (["configs/maniskill_pushcube_ppo_mlp.yaml", "trainer.offload=2"],
+         "'trainer.offload' in configs/maniskill_pushcube_ppo_mlp.yaml + overrides "
+         "['trainer.offload=2']: expected bool, got 2 (int); write trainer.offload=true or "
+         "trainer.offload=false."),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.=3"],
          "Override 'env.=3' has an empty part in its key 'env.'; write section.field=value"),
         (["configs/maniskill_pushcube_ppo_mlp.yaml", "env.type=libero"],

@@ -209,7 +209,8 @@ def _example(key: str, before: Any) -> str:
     return f" (e.g. {key}={str(before).lower() if isinstance(before, bool) else before})"
 
 
-def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str,
+               overrides: List[str]) -> ConfigError:
     key = getattr(e, "full_key", None) or ""
     if isinstance(e, ConfigKeyError) and key:
         valid = _valid_keys(schema, key)
@@ -223,10 +224,13 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         owners = _variants_with_field(section, leaf)
         if owners:  # env.control_mode on a gym env: a field of another kind
             current = OmegaConf.select(schema, f"{section}.type", default=None)
+            retyped = any(o.lstrip("+").partition("=")[0].strip() == f"{section}.type"
+                          for o in overrides)
             hint = (f" ({key} is a field of {section}.type={' / '.join(owners)}, not of "
                     f"{section}.type={current}: the {section} section holds one kind's fields; "
-                    f"drop {key}, or start from a config of {section}.type={current} rather than "
-                    f"changing {section}.type by override).")
+                    + (f"drop {key}, or start from a config of {section}.type={current} rather "
+                       f"than changing {section}.type by override)." if retyped else
+                       f"drop {key}, or start from a config of {section}.type={' or '.join(owners)})."))
         return ConfigError(
             f"Unknown config key {key!r} in {source}{hint or '.'} Valid keys of {section}: "
             f"{', '.join(sorted(valid))}."
@@ -283,6 +287,7 @@ def load_config(
         raise (_container_mismatch(overrides, ov, raw, schema, source)
                or ConfigError(f"Invalid config in {source}: {one_line(e)}")) from None
     _open_free_dicts(structured)
+    _reject_int_bools(structured, merged_raw, source)
     try:
         cfg = OmegaConf.merge(structured, merged_raw)
         for key, value in _free_dict_overrides(structured, overrides, ov).items():
@@ -295,7 +300,7 @@ def load_config(
         if isinstance(inner, ConfigError):
             raise inner from None
         raise (_container_mismatch(overrides, ov, raw, schema, source)
-               or _translate(cause, structured, source)) from None
+               or _translate(cause, structured, source, overrides)) from None
     except ConfigError:
         raise
     except TypeError as e:  # e.g. a mapping given for a list field
@@ -345,6 +350,31 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
         return ConfigError(f"Wrong type for config key {key!r} in {source}: expected {expected}, "
                            f"got {shown} ({value_kind(new)}){_example(key, old)}.")
     return None
+
+
+def _reject_int_bools(schema: DictConfig, raw: DictConfig, source: str, prefix: str = "") -> None:
+    """Refuse a number for a bool field (``policy.critic=2``): OmegaConf turns any int into a
+    bool (non-zero is true), so a typo or a count given for a switch would pass silently.
+
+    Raises:
+        ConfigError: naming the key, the value and ``true`` / ``false``.
+    """
+    from omegaconf.nodes import BooleanNode
+
+    for key in raw.keys():
+        value = raw._get_node(key)
+        field = schema._get_node(key) if isinstance(schema, DictConfig) and key in schema else None
+        if field is None:
+            continue
+        if isinstance(value, DictConfig) and isinstance(field, DictConfig):
+            if field._metadata.object_type not in (dict, None):
+                _reject_int_bools(field, value, source, f"{prefix}{key}.")
+        elif isinstance(field, BooleanNode) and not value._is_interpolation():
+            v = value._value()
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                raise ConfigError(f"Wrong type for config key '{prefix}{key}' in {source}: "
+                                  f"expected bool, got {v!r} ({type(v).__name__}); write "
+                                  f"{prefix}{key}=true or {prefix}{key}=false.")
 
 
 def _reject_nan(obj: Any, prefix: str = "") -> None:
