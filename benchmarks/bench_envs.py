@@ -12,7 +12,9 @@ Rates are the best of several interleaved rounds (the machine's cores may be sha
   which other load on the machine does not distort; ``load_avg_1m_at_start`` says how busy the
   machine was (the wall-clock ratios need free cores: 2 for ``pool2_vs_pool1``);
 * ``libero_state_sps`` / ``libero_rgb_sps``: one LIBERO libero_spatial task-0 env in a 1-process
-  pool, without rendering and with two 256x256 cameras;
+  pool, without rendering and with two 256x256 cameras; ``libero_rgb_chunk8_sps``: the same
+  in action chunks of 8 (OFT's LIBERO K), whose 7 inner steps render no camera, and
+  ``libero_chunk8_vs_step`` its speed-up;
 * ``suite_rgb_step_sps`` / ``suite_rgb_chunk4_sps``: env steps/s of the ``maniskill_lang3``
   suite (64 px camera, ``num_envs`` envs, 2-process pool) stepped one observed step at a time
   and in action chunks of 4 whose inner steps skip rendering (``SubBatch.step_unobserved``);
@@ -113,6 +115,11 @@ def bench_libero(steps: int) -> dict:
         actions = np.zeros((n, 1, 7), np.float32)
         actions[..., -1] = -1.0
         out[f"libero_{mode}_sps"] = _rate(env.step, actions, 2, env.worker_pids())[0]
+        if mode == "rgb":  # OFT's LIBERO chunk: the 7 inner steps skip the cameras
+            chunks = torch.zeros(max(4, n // 8), 1, 8, 7)  # (chunks, envs, K, A)
+            chunks[..., -1] = -1.0
+            out["libero_rgb_chunk8_sps"] = _rate(env.chunk_step, chunks, 2, env.worker_pids())[0] * 8
+            out["libero_chunk8_vs_step"] = out["libero_rgb_chunk8_sps"] / out["libero_rgb_sps"]
         env.close()
     return out
 

@@ -26,7 +26,9 @@ across resets; building one takes 3-12 s on a CPU core.
 
 Rendering is set up inside the worker before MuJoCo is imported: ``MUJOCO_GL=egl`` (probed in a
 subprocess; ``osmesa`` when EGL does not work) unless the user set ``MUJOCO_GL``; the EGL device
-is the worker's GPU (``render_gpu_device_id``), CPU software rendering without one.
+is the worker's GPU (``render_gpu_device_id``), CPU software rendering without one. The steps
+of an action chunk before its last render no camera (:meth:`LiberoSubBatch.step_unobserved`):
+only the observation after the chunk reaches the policy.
 """
 
 from __future__ import annotations
@@ -63,6 +65,36 @@ SUITE_MAX_STEPS = {
 #: robosuite control frequency LIBERO's demonstrations were recorded at, Hz.
 CONTROL_FREQ_HZ = 20
 _CAMERAS = ("agentview", "robot0_eye_in_hand")
+
+
+def _last_value(observable: Any, modality: str):
+    """A robosuite sensor that returns ``observable``'s last value without rendering."""
+    def sensor(_obs_cache):
+        return observable._current_observed_value
+    sensor.__modality__ = modality  # what robosuite's @sensor decorator sets
+    return sensor
+
+
+@contextlib.contextmanager
+def _cameras_unrendered(env: Any):
+    """Within the block, robosuite's camera observables of ``env`` (a LIBERO env) keep their
+    last image instead of rendering a new one.
+
+    Only the sensor is swapped: each observable's sampling clock runs as in a rendered step, so
+    the first rendered step after the block renders at the same physics substep (robosuite
+    samples a 20 Hz camera at the first or second of a control step's 25 substeps) as it would
+    have without the block, and its images are the same to the bit.
+    """
+    inner = getattr(env, "env", env)
+    cams = [o for o in inner._observables.values() if o.modality == "image"]
+    real = [o._sensor for o in cams]
+    try:
+        for o, sensor in zip(cams, real):
+            o._sensor = _last_value(o, sensor.__modality__)
+        yield
+    finally:
+        for o, sensor in zip(cams, real):
+            o._sensor = sensor
 
 
 def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -300,14 +332,41 @@ class LiberoSubBatch(SubBatch):
         return reset_transition(self._obs(raw), tasks)
 
     def step(self, local_ids, actions) -> Transition:
+        return self._step(local_ids, actions, observe=True)
+
+    def step_unobserved(self, local_ids, actions) -> Transition:
+        """Step without rendering the cameras (an action chunk's steps before its last): on
+        CPU two 128 px renders cost several times the step's 25 physics substeps. States,
+        reward and success are computed as in :meth:`step`; ``obs`` is ``{}``."""
+        if not self._rgb:
+            return self._step(local_ids, actions, observe=True)
+        return self._step(local_ids, actions, observe=False)
+
+    def observe(self, local_ids) -> Transition:
+        """The observations of envs ``local_ids`` now (an episode that ended on an unobserved
+        step): states and images of the current simulator state. A rendered step's observations
+        are robosuite's samples at the first or second of its 25 substeps (its 20 Hz observables
+        sample as soon as their period starts), up to 48 ms earlier."""
+        raw = []
+        for i in local_ids:
+            inner = self._envs[i].env
+            inner._update_observables(force=True)
+            raw.append(inner._get_observations())
+        n = len(raw)
+        return Transition(self._obs(raw), np.zeros(n, np.float32), np.zeros(n, bool),
+                          np.zeros(n, bool), np.zeros(n, bool))
+
+    def _step(self, local_ids, actions, observe: bool) -> Transition:
         raw, success = [], []
         for j, i in enumerate(local_ids):
-            obs, _, done, _ = self._envs[i].step(np.asarray(actions[j], np.float64))
+            env = self._envs[i]
+            with contextlib.nullcontext() if observe else _cameras_unrendered(env):
+                obs, _, done, _ = env.step(np.asarray(actions[j], np.float64))
             raw.append(obs)
             success.append(bool(done))  # LIBERO's done is its BDDL success check
         success_arr = np.asarray(success, bool)
-        return Transition(self._obs(raw), success_arr.astype(np.float32), success_arr.copy(),
-                          np.zeros(len(raw), bool), success_arr.copy())
+        return Transition(self._obs(raw) if observe else {}, success_arr.astype(np.float32),
+                          success_arr.copy(), np.zeros(len(raw), bool), success_arr.copy())
 
     # -- inspection (through BatchedEnv.env_method) ----------------------------------------
     def get_sim_states(self, local_ids) -> List[np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import HAS_MANISKILL
+from .conftest import HAS_LIBERO, HAS_MANISKILL
 
 pytestmark = pytest.mark.skipif(not HAS_MANISKILL, reason="needs mani_skill")
 
@@ -109,3 +109,57 @@ def test_step_unobserved_without_observe_is_refused_at_class_definition():
         class Forgetful(SubBatch):  # noqa: F841
             def step_unobserved(self, local_ids, actions):
                 raise AssertionError("never called")
+
+
+@pytest.mark.skipif(not HAS_LIBERO, reason="needs libero")
+def test_libero_chunk_renders_once_and_equals_observed_single_steps(monkeypatch):
+    """LIBERO skips the cameras on a chunk's inner steps (robosuite renders in every step):
+    the chunk's rewards and its final states and images equal those of K observed single
+    steps to the bit, on real LIBERO envs (libero_spatial task 0, 32 px)."""
+    from rlinf_embodied.envs import make_env
+    from rlinf_embodied.envs.libero import LiberoSubBatch
+
+    renders = []
+    real = LiberoSubBatch.observe
+
+    def counted(self, local_ids):
+        renders.append(len(local_ids))
+        return real(self, local_ids)
+
+    monkeypatch.setattr(LiberoSubBatch, "observe", counted)
+    from robosuite.utils.binding_utils import MjSim
+
+    frames = []
+    render = MjSim.render
+    monkeypatch.setattr(MjSim, "render", lambda self, *a, **kw: frames.append(1) or render(self, *a, **kw))
+
+    def libero():
+        return make_env("libero/libero_spatial", num_envs=2, num_processes=0, image_size=32,
+                        num_settle_steps=2, max_episode_steps=LIMIT)
+
+    rng = np.random.default_rng(0)
+    acts = torch.as_tensor(rng.uniform(-0.5, 0.5, (2, 2 * K, 7)), dtype=torch.float32)
+    single, chunked = libero(), libero()
+    try:
+        single.reset(seed=0)
+        chunked.reset(seed=0)
+        steps = [single.step(acts[:, t]) for t in range(LIMIT)]
+        frames.clear()
+        obs, rew, te, tr, info = chunked.chunk_step(acts[:, :K])
+        assert not (te | tr).any() and renders == []
+        assert len(frames) == 2 * 2  # 2 envs x 2 cameras, once per chunk (not K times)
+        assert torch.equal(rew, torch.stack([s[1] for s in steps[:K]], 1))
+        for key in ("main_images", "wrist_images", "states"):
+            assert torch.equal(obs[key], steps[K - 1][0][key]), key
+        assert not torch.equal(obs["main_images"], steps[0][0]["main_images"])  # the arm moved
+
+        # the time limit ends both episodes at step 2 of the second chunk: their observations
+        # are taken there (observe), where the arm is, not where the chunk's first step left it
+        obs, rew, te, tr, info = chunked.chunk_step(acts[:, K:])
+        assert renders == [2] and info["num_substeps"].tolist() == [LIMIT - K] * 2
+        assert tr[:, LIMIT - K - 1].all()
+        ended, before = steps[-1][0]["states"], steps[K][0]["states"]
+        assert (obs["states"] - ended).abs().max() < (obs["states"] - before).abs().max()
+    finally:
+        single.close()
+        chunked.close()
