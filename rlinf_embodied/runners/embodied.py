@@ -304,9 +304,14 @@ class EmbodiedRunner:
                 return None
             return ranks
 
-        wait_for_capacity(g.cluster, shape, wanted, t.restart_wait_s, gone)
+        # the run stands at its checkpoint now: what a Ctrl-C during the wait reports
         self.state, self.saved = state, ckpt
         self._saved_at = state["iteration"] if ckpt is not None else -1
+        self.signals.phase = "waiting"  # a stop ends the run here (nothing runs to finish)
+        try:
+            wait_for_capacity(g.cluster, shape, wanted, t.restart_wait_s, gone)
+        finally:
+            self.signals.phase = "training"
         t_launch = time.monotonic()
         self.g = self._launch(ckpt, cluster=g.cluster, plan=g.plan)
         now = time.monotonic()

@@ -24,7 +24,9 @@ class StopSignals:
     """SIGINT / SIGTERM handling of a training run.
 
     Before training starts (``phase="startup"``) the first signal raises KeyboardInterrupt:
-    nothing has been trained, so there is nothing to save. During training the first signal
+    nothing has been trained, so there is nothing to save; so does one while a restart waits
+    for capacity (``phase="waiting"``: the groups are down and the newest checkpoint is what
+    there is). During training the first signal
     asks the loop to stop after the current iteration and save a checkpoint; a repeat within
     :data:`DUPLICATE_SIGNAL_S` seconds is ignored, a later one raises KeyboardInterrupt (abort
     without saving). :meth:`install` / :meth:`restore` swap the process's handlers (main thread
@@ -60,6 +62,10 @@ class StopSignals:
             self.first_at = now
             if self.phase == "startup":
                 print(f"\n{name}: stopping before training started", flush=True)
+                raise KeyboardInterrupt
+            if self.phase == "waiting":  # a restart waiting for capacity: no iteration runs
+                print(f"\n{name}: stopping the wait for capacity; the run ends at its newest "
+                      f"checkpoint", flush=True)
                 raise KeyboardInterrupt
             print(f"\n{name}: finishing this iteration, then saving a checkpoint (Ctrl-C again "
                   f"to abort without saving)", flush=True)

@@ -47,3 +47,32 @@ def test_startup_signal_interrupts_at_once_and_sigterm_stops_too(capsys):
         assert s.requested and "SIGTERM: finishing this iteration" in capsys.readouterr().out
     finally:
         s.restore()
+
+
+def test_signal_while_a_restart_waits_for_capacity_ends_the_wait_at_once(capsys):
+    """A restart after a node loss waits up to trainer.restart_wait_s for capacity; Ctrl-C then
+    ends the run at once (no iteration runs that could finish), not when the wait ends."""
+    import threading
+    import time
+
+    from rlinf_embodied.runners.restarts import wait_for_capacity
+
+    class NoCapacity:  # what Cluster.refresh sees while the lost node has not come back
+        num_devices = 1
+
+        def refresh(self, exclude):
+            pass
+
+    s = StopSignals(duplicate_s=3600).install()
+    try:
+        s.phase = "waiting"
+        threading.Timer(0.5, _send).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_capacity(NoCapacity(), lambda n: None, {"env": 2}, 120.0, [],
+                              log=lambda m: None)
+        assert time.monotonic() - t0 < 30  # not the 120 s wait
+        assert "stopping the wait for capacity" in capsys.readouterr().out
+        assert s.requested and not s.aborted
+    finally:
+        s.restore()
