@@ -66,10 +66,15 @@ class Outcome:
     def failure(cls, exc: BaseException, seconds: float, method: str | None = None) -> "Outcome":
         """The outcome of a call that raised ``exc`` after ``seconds``: its error and traceback
         (without the host's frame); ``method`` names the method the failure belongs to when it
-        is not the called one (a failed ``__init__``)."""
+        is not the called one (a failed ``__init__``).
+
+        The error is worded as the traceback's last line is (``numpy.linalg.LinAlgError:
+        Singular matrix``, the class named with its module unless builtin), so that a report
+        of both (:func:`rlinf_embodied.runners.errors.short_error`) can tell they are one."""
         frames = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop the host's frame
         text = "".join(traceback.format_exception(type(exc), exc, frames))
-        return cls(None, seconds, f"{type(exc).__name__}: {exc}", text, method)
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return cls(None, seconds, error, text, method)
 
 
 @dataclasses.dataclass(frozen=True)

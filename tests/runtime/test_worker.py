@@ -31,6 +31,11 @@ class Echo(Worker):
     def _helper_that_fails(self):
         raise ValueError("the remote cause")
 
+    def fail_in_a_library(self):
+        import numpy as np
+
+        return np.linalg.inv(np.zeros((2, 2)))  # numpy.linalg.LinAlgError: Singular matrix
+
     def pid(self):
         return os.getpid()
 
@@ -91,6 +96,22 @@ def test_exception_names_group_rank_method_with_remote_traceback(group):
     assert (err.group, err.rank, err.method) == ("echo", 2, "fail")
     assert "echo[rank 2].fail() raised ValueError: the remote cause" in str(err)
     assert "_helper_that_fails" in err.remote_traceback  # the remote frames, not ours
+
+
+def test_a_library_error_is_reported_once_naming_the_worker(group):
+    """What ``train`` prints for a worker's error (``error: `` + short_error) names the worker
+    and the error once: the class as the traceback's last line names it, with its module (it
+    was 'raised LinAlgError: Singular matrix' and then 'numpy.linalg.LinAlgError: Singular
+    matrix' on a second line, the traceback's last line, which differed only in the module)."""
+    from rlinf_embodied.runners.errors import short_error
+
+    with pytest.raises(RemoteError) as info:
+        group.on([1]).fail_in_a_library().wait(timeout=60)
+    line = short_error(info.value)
+    assert line.count("Singular matrix") == 1, line
+    assert line == "echo[rank 1].fail_in_a_library() raised numpy.linalg.LinAlgError: Singular matrix"
+    # the exception keeps the remote traceback, which ends in the same words
+    assert info.value.remote_traceback.endswith("numpy.linalg.LinAlgError: Singular matrix\n")
 
 
 def test_failure_is_raised_again_and_seen_by_wait_all(group):
