@@ -18,8 +18,12 @@ Failure handling (never a silent hang, never a lost episode result):
   call, whose episodes the vector env ends as truncated with ``info["env_error"]``) and
   :attr:`StepResult.lost_ids` (its other envs, reported on their next step);
 * a failed reset is retried once on the replacement, then raises :class:`EnvError`;
-* every failure is logged (``logging`` warning with the worker's traceback) and counted in
-  :attr:`ProcessPool.num_errors`.
+* a worker whose steps fail ``max_step_failures`` times in a row (default
+  :data:`MAX_STEP_FAILURES`; no successful step in between, resets do not count) raises
+  :class:`EnvError`: its env fails persistently, and the run would otherwise go on training on
+  nothing but episodes cut short by the error;
+* every failure is logged (a ``logging`` warning: the worker's traceback at its first failure,
+  one line at each later one) and counted in :attr:`ProcessPool.num_errors`.
 
 OpenMP: every worker process starts with the framework's OpenMP wait policy
 (:func:`rlinf_embodied.omp.omp_wait_env`: passive, so that idle OpenMP threads do not spin on
@@ -58,9 +62,21 @@ __all__ = [
     "StepResult",
     "InProcessBackend",
     "ProcessPool",
+    "MAX_STEP_FAILURES",
 ]
 
 log = logging.getLogger(__name__)
+
+MAX_STEP_FAILURES = 3
+"""Failed steps of one worker in a row (no successful step between them; the resets between
+them do not count) after which its env counts as failing persistently and
+:meth:`ProcessPool.step` raises :class:`EnvError`. A transient failure (a crash, a hang, a
+simulator error in one state) is followed by good steps on the replacement worker; an env that
+cannot step fails again right after its restart and fresh reset. 3 leaves room for two
+unlucky failures in a row while costing at most three worker restarts."""
+
+_STEPPING = ("step", "step_unobserved", "observe")
+"""The commands whose failures count towards ``max_step_failures``."""
 
 Factory = Callable[[List[int], Optional["WorkerDevice"]], SubBatch]
 
@@ -247,10 +263,20 @@ class _Worker:
         self.proc: Any = None
         self.conn: Any = None
         self.ready = False
+        self.failures = 0
+        """Failures so far (the first one's traceback is logged in full, later ones in a line)."""
+        self.step_failures = 0
+        """Stepping calls (:data:`_STEPPING`) failed since its last successful step."""
 
     @property
     def label(self) -> str:
         return f"env worker {self.index} (envs {self.env_ids[0]}..{self.env_ids[-1]})"
+
+    def why(self, message: str) -> str:
+        """The error itself in one line: the last line of ``message`` (a worker's traceback
+        ends with it), without this worker's label."""
+        last = next((ln.strip() for ln in reversed(message.splitlines()) if ln.strip()), "")
+        return last[len(self.label):].lstrip() if last.startswith(self.label) else last
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.is_alive():
@@ -284,6 +310,8 @@ class ProcessPool:
         startup_timeout_s: deadline for a worker to build its envs, seconds (LIBERO: 3-12 s per
             env on a CPU core).
         num_threads: torch intra-op threads per worker (1: one core per env process).
+        max_step_failures: failed steps of one worker in a row after which :meth:`step`
+            raises (:data:`MAX_STEP_FAILURES`).
 
     Raises:
         ValueError: bad counts or start method (the message names the fix).
@@ -300,6 +328,7 @@ class ProcessPool:
         reset_timeout_s: float = 120.0,
         startup_timeout_s: float = 300.0,
         num_threads: int = 1,
+        max_step_failures: int = MAX_STEP_FAILURES,
     ):
         if num_processes < 1 or num_processes > num_envs:
             raise ValueError(
@@ -321,6 +350,7 @@ class ProcessPool:
         self.reset_timeout_s = float(reset_timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
         self.num_errors = 0
+        self.max_step_failures = int(max_step_failures)
         self._factory = factory
         self._num_threads = num_threads
         self._ctx = mp.get_context(start_method)
@@ -394,7 +424,13 @@ class ProcessPool:
 
     def _restart(self, w: _Worker, message: str) -> None:
         self.num_errors += 1
-        log.warning("Env pool: %s\nKilling and restarting %s.", message, w.label)
+        w.failures += 1
+        if w.failures == 1:
+            log.warning("Env pool: %s\nKilling and restarting %s.", message, w.label)
+        else:  # the same traceback at every step of a broken env would bury everything else
+            log.warning("Env pool: %s failed again (failure %d: %s); killing and restarting it "
+                        "(its first failure's traceback is logged above).", w.label, w.failures,
+                        w.why(message))
         w.kill()
         self._start(w)
 
@@ -434,17 +470,36 @@ class ProcessPool:
             out.append((w, pos, status, payload))
         return out
 
-    def _collect(self, ids: np.ndarray, answers) -> StepResult:
-        ok_parts, ok_pos, failed, lost, errors = [], [], [], [], []
+    def _collect(self, ids: np.ndarray, answers, cmd: str) -> StepResult:
+        """The answers of ``cmd``: failed workers restarted, their envs failed or lost.
+
+        Raises:
+            EnvError: a worker's steps failed ``max_step_failures`` times in a row.
+        """
+        ok_parts, ok_pos, failed, lost, errors, broken = [], [], [], [], [], []
         for w, pos, status, payload in answers:
             if status == "ok":
                 ok_parts.append(payload)
                 ok_pos.append(pos)
+                if cmd in ("step", "step_unobserved"):
+                    w.step_failures = 0
                 continue
             errors.append(str(payload))
             self._restart(w, str(payload))
             failed.append(ids[pos])
             lost.append(np.setdiff1d(w.env_ids, ids[pos]))
+            if cmd in _STEPPING:
+                w.step_failures += 1
+                if w.step_failures >= self.max_step_failures:
+                    broken.append((w, str(payload)))
+        if broken:
+            w, message = broken[0]
+            raise EnvError(
+                f"{w.label} failed {w.step_failures} steps in a row, restarted after each "
+                f"(last: {w.why(message)} in its {cmd}): the env fails persistently, and training "
+                f"on episodes cut short by it learns nothing; fix the env (the first failure's "
+                f"traceback is logged above), then resume or start the run again"
+            )
         cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
         ok_ids = ids[cat(ok_pos)] if ok_pos else np.zeros(0, np.int64)
         return StepResult(
@@ -459,12 +514,12 @@ class ProcessPool:
         """Step envs ``ids`` (M,) with ``actions`` (M, A); answers within ``step_timeout_s``.
         ``observe=False``: the SubBatch's ``step_unobserved`` (observations may be left out)."""
         cmd = "step" if observe else "step_unobserved"
-        return self._collect(ids, self._exchange(cmd, ids, [np.asarray(actions)], self.step_timeout_s))
+        return self._collect(ids, self._exchange(cmd, ids, [np.asarray(actions)], self.step_timeout_s), cmd)
 
     def observe(self, ids: np.ndarray) -> StepResult:
         """Current observations of envs ``ids`` (M,) (SubBatch ``observe``), within
         ``step_timeout_s``; a failed worker is restarted and its ids are in ``failed_ids``."""
-        return self._collect(ids, self._exchange("observe", ids, [], self.step_timeout_s))
+        return self._collect(ids, self._exchange("observe", ids, [], self.step_timeout_s), "observe")
 
     def reset(self, ids: np.ndarray, seeds: List[Optional[int]], options: List[Dict[str, Any]]) -> StepResult:
         """Reset envs ``ids``; a failed worker is restarted and its resets retried once.
@@ -472,7 +527,8 @@ class ProcessPool:
         Raises:
             EnvError: the retry failed too (the messages of both attempts are included).
         """
-        first = self._collect(ids, self._exchange("reset", ids, [seeds, options], self.reset_timeout_s))
+        first = self._collect(ids, self._exchange("reset", ids, [seeds, options], self.reset_timeout_s),
+                              "reset")
         if first.failed_ids.size == 0:
             return first
         pos = np.flatnonzero(np.isin(ids, first.failed_ids))
@@ -480,6 +536,7 @@ class ProcessPool:
             first.failed_ids,
             self._exchange("reset", first.failed_ids, [[seeds[i] for i in pos], [options[i] for i in pos]],
                            self.reset_timeout_s),
+            "reset",
         )
         if retry.failed_ids.size:
             raise EnvError(

@@ -220,6 +220,26 @@ def test_env_process_killed_mid_rollout(ray_session, tmp_path):
     assert all(h["rollout/episodes"] >= h["rollout/env_errors"] for h in hist)
 
 
+def test_env_that_cannot_step_stops_the_run(ray_session, tmp_path):
+    """An env whose every step raises (tests/plugins/failing_env.py) is not trained on as a
+    stream of error-truncated episodes: after MAX_STEP_FAILURES failed steps in a row the
+    rollout raises, and the run stops with one line naming the env's error (what `train` prints
+    as its error)."""
+    from rlinf_embodied.envs.pool import MAX_STEP_FAILURES
+    from rlinf_embodied.runners.errors import short_error
+
+    cfg = make_cfg(tmp_path, iterations=2, overrides=[
+        "env.env_id=tests.plugins.failing_env:SingularStepEnv", "env.vectorization=async",
+        "env.num_processes=1"])
+    runner = EmbodiedRunner(cfg, tmp_path / "broken")
+    with pytest.raises(Exception, match=f"failed {MAX_STEP_FAILURES} steps in a row") as raised:
+        runner.run()
+    line = short_error(raised.value)
+    assert "\n" not in line and "EnvError" in line, line
+    assert "numpy.linalg.LinAlgError: Singular matrix in its step" in line, line
+    assert runner.state["iteration"] == 0 and runner.saved is None
+
+
 @pytest.mark.parametrize("name", ["maniskill_ppo_openvla_tiny", "libero_spatial_grpo_openvla_oft_tiny",
                                   "libero_spatial_grpo_pi0_tiny", "libero_spatial_grpo_pi05_tiny"])
 def test_tiny_vla_configs_train(ray_session, tmp_path, name):

@@ -11,8 +11,9 @@ import numpy as np
 import psutil
 import pytest
 
-from rlinf_embodied.envs import make_env
-from rlinf_embodied.envs.pool import assign_device, visible_cuda_devices
+from rlinf_embodied.envs import EnvError, make_env
+from rlinf_embodied.envs.configuration_gym import GymEnvConfig
+from rlinf_embodied.envs.pool import MAX_STEP_FAILURES, assign_device, visible_cuda_devices
 from rlinf_embodied.omp import OMP_WAIT_VARS
 
 from .conftest import env_children
@@ -109,6 +110,45 @@ def test_lost_envs_of_a_partial_reset_are_reported(no_leaked_children):
     _, _, _, tr, info = env.step(np.zeros((2, 1)))
     assert info["env_error"].tolist() == [False, True] and tr.tolist() == [False, True]
     env.close()
+
+
+def test_env_that_cannot_step_raises_after_max_step_failures(no_leaked_children, caplog):
+    """Every step raises (tests/plugins/failing_env.py): the first MAX_STEP_FAILURES - 1
+    failures end the episodes as env errors, as any failure does; the next one raises, naming
+    the error. The traceback is logged once, each later failure in one line."""
+    env = make_env(GymEnvConfig(env_id="tests.plugins.failing_env:SingularStepEnv", num_envs=2,
+                                vectorization="async", num_processes=1))
+    env.reset(seed=0)
+    tolerated = 0
+    try:
+        with caplog.at_level("WARNING", logger="rlinf_embodied.envs.pool"):
+            with pytest.raises(EnvError, match=rf"env worker 0 \(envs 0..1\) failed "
+                               rf"{MAX_STEP_FAILURES} steps in a row.*numpy.linalg.LinAlgError: "
+                               r"Singular matrix in its step.*fix the env") as raised:
+                for _ in range(4 * MAX_STEP_FAILURES):  # each failed step, then an autoreset
+                    *_, info = env.step(np.zeros((2, 1)))
+                    tolerated += int(info["env_error"].sum())
+    finally:
+        env.close()
+    assert tolerated == 2 * (MAX_STEP_FAILURES - 1)
+    assert "\n" not in str(raised.value)  # the CLI's one line
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == MAX_STEP_FAILURES
+    assert "Traceback" in logged[0] and not any("Traceback" in m for m in logged[1:])
+    assert all("\n" not in m and "failed again" in m for m in logged[1:]), logged
+
+
+def test_step_failures_between_good_steps_are_tolerated(no_leaked_children):
+    """An env that crashes at step 2 of every episode fails more than MAX_STEP_FAILURES times,
+    never twice in a row: every failure is an env error, and stepping goes on."""
+    env = pooled_countdown(num_envs=1, kwargs={"crash_at_step": 2})
+    env.reset(seed=0)
+    errors = 0
+    for _ in range(3 * (MAX_STEP_FAILURES + 1)):  # step 1, step 2 (crash), autoreset
+        *_, info = env.step(np.zeros((1, 1)))
+        errors += int(info["env_error"].sum())
+    env.close()
+    assert errors == MAX_STEP_FAILURES + 1 and env.num_env_errors == errors
 
 
 def test_device_assignment_honours_visible_subset():
