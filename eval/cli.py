@@ -230,6 +230,12 @@ def eval_command(
 
     typer.echo(markdown_table(results))
     typer.echo(f"results: {results.path}")
+    stem = results.path.with_suffix("")
+    if not no_report:
+        typer.echo(f"reports: {stem}.md, {stem}.png, {stem}.html")
+    videos = results.path.parent / f"{results.path.stem}_videos"
+    if video != "none" and videos.is_dir():
+        typer.echo(f"videos: {videos}/ (one frame per policy query, played in real time)")
 
 
 @eval_app.command("compare")

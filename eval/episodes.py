@@ -109,7 +109,8 @@ def run_pairs(
         instruction: task -> instruction text for the records.
         video: ``none``, ``failures`` or ``all``.
         video_dir: where MP4s go; records hold paths relative to its parent.
-        video_fps: frames per second of the MP4s (one frame per policy query).
+        video_fps: frames per second of the MP4s (one frame per policy query: the
+            observation the policy acted on; eval passes the control rate / K, real time).
         head: the policy's action head type, recorded in each episode.
 
     Raises:

@@ -276,8 +276,10 @@ def evaluate(req: EvalRequest) -> ResultsFile:
                 for k, e in enumerate(eps, 1):
                     req.progress(base + k, total, e)
 
-        # LIBERO and ManiSkill control at 20 Hz; one frame per policy query.
+        # LIBERO and ManiSkill control at 20 Hz; one frame per policy query, so the MP4 plays
+        # at hz / K frames per second (real time: a query executes K env steps open loop)
         hz = float((getattr(env, "spec", None) and env.spec.metadata.get("control_freq_hz")) or 20)
+        hz /= max(1, int(policy.execution.get("open_loop_steps") or 1))
         try:
             run_pairs(env, policy.act, pending, family.reset, on_finished,
                       ignore_terminations=protocol.ignore_terminations,

@@ -1,6 +1,7 @@
 """Reports, compare, and CLI errors (typer runner; gymnasium toy env and LIBERO metadata)."""
 
 import json
+from pathlib import Path
 from html.parser import HTMLParser
 
 import pytest
@@ -255,6 +256,10 @@ def test_video_without_images_is_refused_and_leaves_no_results_file(tmp_path):
     assert "use --video none" in res.output
     res = runner.invoke(eval_app, base)  # the fix named: no video
     assert res.exit_code == 0 and len(ResultsFile.load(out).episodes) == 1, res.output
+    stem = out.with_suffix("")
+    assert f"reports: {stem}.md, {stem}.png, {stem}.html" in res.output  # where they went
+    assert all(Path(f"{stem}{ext}").is_file() for ext in (".md", ".png", ".html"))
+    assert "videos:" not in res.output
 
 
 def test_rgb_for_a_state_checkpoint_is_refused_up_front(tmp_path):

@@ -206,3 +206,24 @@ def test_an_rl_rollout_that_is_not_one_whole_episode_is_refused(tmp_path):
             validate_rl_stage(load_sft_config(path, [f"run.dir={tmp_path}", f"rl.overrides={overrides}"]))
     job = validate_rl_stage(load_sft_config(path, [f"run.dir={tmp_path}", 'rl.overrides=["env.max_episode_steps=60","trainer.rollout_steps=15"]']))
     assert job.env.max_episode_steps == 60 and job.trainer.rollout_steps == 15
+
+
+def test_policy_override_that_stops_at_the_sft_stage_is_noted(capsys, tmp_path):
+    """A pipeline's policy.* override reaches the RL stage only for the sampling fields and
+    those RL must share with SFT; one the RL stage takes from rl.config (train_expert_only,
+    critic) is noted, naming the rl.overrides spelling that sets it there."""
+    from rlinf_embodied.sft.pipeline import load_sft_config, rl_job_config
+
+    path = "configs/sft/maniskill_lang3_sft_rl_pi0.yaml"
+    cfg = load_sft_config(path, [f"run.dir={tmp_path}", "policy.train_expert_only=false",
+                                 "policy.noise_level=0.3"])
+    err = capsys.readouterr().err
+    assert ("note: policy.train_expert_only=false applies to the SFT stage only; the RL stage "
+            "keeps maniskill_lang3_grpo_pi0_finetune's policy.train_expert_only=true (pass "
+            "'rl.overrides=[\"policy.train_expert_only=false\"]'") in err
+    assert "noise_level" not in err  # a sampling field: it reaches the RL stage
+    job = rl_job_config(cfg)
+    assert job.policy.train_expert_only is True and job.policy.noise_level == 0.3
+    load_sft_config(path, [f"run.dir={tmp_path}",
+                           'rl.overrides=["policy.train_expert_only=false"]'])
+    assert "applies to the SFT stage only" not in capsys.readouterr().err
