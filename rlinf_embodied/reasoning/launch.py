@@ -48,11 +48,17 @@ class ReasoningGroups:
     plan: object
     model_dir: str
     backend: str
+    channels: list = dataclasses.field(default_factory=list)
+    """The run's channels (responses, scored), deleted at shutdown."""
 
     def shutdown(self, keep_cluster: bool = False) -> None:
-        """Stop every worker, release the cluster (unless ``keep_cluster``)."""
+        """Stop every worker, delete the channels, release the cluster (unless
+        ``keep_cluster``)."""
+        from rlinf_embodied.runtime import delete_channels
+
         for grp in (self.rollout, self.reward, self.actor):
             grp.shutdown()
+        delete_channels(self.channels)
         if not keep_cluster:
             self.cluster.shutdown()
 
@@ -79,8 +85,8 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
     ranks = group_ranks(plan, nd)
     n_roll, n_rew, n_act = ranks["rollout"], ranks[REWARD_SLOT], ranks["actor"]
     responses, scored = f"{run_id}/responses", f"{run_id}/scored"
-    for name in (responses, scored):
-        Channel.create(name)  # unbounded: a waiting actor never back-pressures the rollout
+    # unbounded: a waiting actor never back-pressures the rollout
+    channels = [Channel.create(name) for name in (responses, scored)]
     spec = plan.group(REWARD_SLOT)
     reward = WorkerGroup(cluster, RewardWorker, "reward", spec.devices, spec.procs_per_device,
                          context_switch=plan.shares_devices(REWARD_SLOT, nd), torch_threads=1,
@@ -95,7 +101,7 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
     actor.setup().wait()
     backend = rollout.on([0]).info().wait()[0]["backend"]
     return ReasoningGroups(cfg, cluster, rollout, reward, actor, WeightSync(actor, rollout), plan,
-                           model_dir, backend)
+                           model_dir, backend, channels)
 
 
 def resolve_reasoning_placement(cfg, cluster, run_dir: Path, run_id: str):

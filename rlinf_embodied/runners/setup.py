@@ -236,16 +236,23 @@ class Groups:
     actor: object
     sync: object
     plan: object
+    channels: list = dataclasses.field(default_factory=list)
+    """The run's channels (obs, actions, trajectories): their queue actors are deleted at
+    shutdown, so that runs on a cluster that outlives them (``cluster.address``, a restart,
+    a test session) leave none behind."""
 
     def shutdown(self, keep_cluster: bool = False, close_timeout: float = 60.0) -> None:
-        """Close envs (waiting at most ``close_timeout`` s), stop every worker, release the
-        cluster (unless ``keep_cluster``)."""
+        """Close envs (waiting at most ``close_timeout`` s), stop every worker, delete the
+        channels, release the cluster (unless ``keep_cluster``)."""
         try:
             self.env.close().wait(close_timeout)
         except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
             pass
         for grp in (self.env, self.rollout, self.actor):
             grp.shutdown()
+        from rlinf_embodied.runtime import delete_channels
+
+        delete_channels(self.channels)
         if not keep_cluster:
             self.cluster.shutdown()
 
@@ -302,8 +309,7 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     check_divisibility(cfg, ranks["env"], ranks["actor"])
     check_minibatches(cfg, ranks["actor"])
     names = ChannelNames(f"{run_id}/obs", f"{run_id}/actions", f"{run_id}/trajectories")
-    for n in (names.obs, names.actions, names.trajectories):
-        Channel.create(n)
+    channels = [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
     env = WorkerGroup.from_plan(cluster, plan, "env", EnvWorker, init_args=(
         cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
     spec = env.on([0]).space_spec().wait()[0]
@@ -321,7 +327,8 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     actor.init_process_group()
     actor.setup(str(checkpoint) if checkpoint else None).wait()
     lora = bool(getattr(cfg.policy, "lora_rank", 0))
-    return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora), plan)
+    return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora), plan,
+                  channels)
 
 
 class EmbodiedLauncher:
@@ -339,7 +346,7 @@ class EmbodiedLauncher:
                     spread: bool):
         """``ranks`` FSDP actor ranks alone (one per device when ``spread``, else all on device
         0), set up from scratch; returns ``(group, cleanup)``."""
-        from rlinf_embodied.runtime import Channel, WorkerGroup
+        from rlinf_embodied.runtime import Channel, WorkerGroup, delete_channels
         from rlinf_embodied.workers.actor_worker import ActorWorker
         from rlinf_embodied.workers.env_worker import ChannelNames
 
@@ -350,8 +357,7 @@ class EmbodiedLauncher:
         def cleanup() -> None:
             if group is not None:
                 group.shutdown()
-            for ch in channels:
-                ch.delete()
+            delete_channels(channels)
 
         try:
             group = WorkerGroup(cluster, ActorWorker, "actor",

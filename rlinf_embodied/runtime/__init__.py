@@ -11,7 +11,7 @@ from rlinf_embodied.runtime.calls import (
     WorkerDiedError,
     wait_all,
 )
-from rlinf_embodied.runtime.channel import Channel, ChannelTimeout
+from rlinf_embodied.runtime.channel import Channel, ChannelTimeout, delete_channels
 from rlinf_embodied.runtime.cluster import AttachError, Cluster
 from rlinf_embodied.runtime.device import Device
 from rlinf_embodied.runtime.device_lock import DeviceLock, LockEvent
@@ -37,6 +37,7 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
+    "delete_channels",
     "flush_puts",
     "release_prefetched",
     "wait_all",

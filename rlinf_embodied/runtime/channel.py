@@ -454,3 +454,14 @@ def _consumer_id() -> str:
         actor_id = ray.get_runtime_context().get_actor_id()
         _consumer_cache.append(actor_id or f"driver-{os.getpid()}")
     return _consumer_cache[0]
+
+
+def delete_channels(channels: list) -> None:
+    """Delete each of ``channels`` (:meth:`Channel.delete`: its queue actor) and empty the
+    list; best effort: a channel whose node is gone went with it."""
+    for ch in channels:
+        try:
+            ch.delete()
+        except Exception:  # noqa: BLE001 - a lost node took the actor with it
+            pass
+    channels.clear()

@@ -325,3 +325,38 @@ def check_rl_family(cfg: "SFTJobConfig", rl_type: Optional[str]) -> None:
         f"{cfg.rl.config}: RL would start from an SFT checkpoint of another family; set "
         f"rl.config to an RL config of {cfg.policy.type} ("
         f"{', '.join(rl_configs_of(cfg.policy.type)) or 'none shipped'}).")
+
+
+def override_value(value) -> str:
+    """``value`` as an override writes it (``true``, ``null``, ``[1,2]``)."""
+    import json
+
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (bool, list, type(None))) else str(value)
+
+
+def note_policy_fields_not_in_rl(cfg: "SFTJobConfig", file_cfg: "SFTJobConfig",
+                                 overrides: list, rl_job_config) -> None:
+    """Say on stderr which ``policy.*`` overrides of the pipeline stop at the SFT stage: a
+    field the RL stage takes from ``rl.config`` (``train_expert_only``, ``critic``, ``dtype``
+    ...) keeps that config's value, where the sampling fields and the fields RL must share with
+    SFT reach it. ``rl_job_config(cfg)`` builds the RL stage's job
+    (:func:`rlinf_embodied.sft.pipeline.rl_job_config`)."""
+    import sys
+
+    named = {o.lstrip("+").partition("=")[0].strip().partition(".")[2] for o in overrides
+             if o.lstrip("+").startswith("policy.")}
+    changed = [f.name for f in dataclasses.fields(cfg.policy)
+               if f.name in named or getattr(cfg.policy, f.name) != getattr(file_cfg.policy, f.name, None)]
+    if not changed:
+        return
+    try:
+        job = rl_job_config(cfg)
+    except (ConfigError, OSError):  # validate_rl_stage words the RL stage's own errors
+        return
+    for name in changed:
+        ours, theirs = getattr(cfg.policy, name), getattr(job.policy, name, None)
+        if hasattr(job.policy, name) and ours != theirs:
+            print(f"note: policy.{name}={override_value(ours)} applies to the SFT stage only; the RL stage "
+                  f"keeps {cfg.rl.config}'s policy.{name}={override_value(theirs)} (pass "
+                  f"'rl.overrides=[\"policy.{name}={override_value(ours)}\"]' to set it there too).",
+                  file=sys.stderr)

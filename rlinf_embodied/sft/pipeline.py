@@ -30,6 +30,7 @@ from typing import Any
 
 from rlinf_embodied.checkpoint import atomic_write_json
 from rlinf_embodied.sft.config import VLA_TYPES, SFTJobConfig
+from rlinf_embodied.sft.config import override_value as _yaml
 from rlinf_embodied.sft.summary import stage_costs, summarize
 
 __all__ = ["check_rl_dir", "check_sft_evaluation", "load_sft_config", "resume_checkpoint",
@@ -101,42 +102,10 @@ def load_sft_config(path: str, overrides: list[str] | None = None) -> SFTJobConf
                 f"{fix}: no pipeline stage reads {'it' if len(changed) == 1 else 'them'} from "
                 f"the pipeline's env section; set rl.overrides=[{fix}] for the RL stage"
                 + (f" ({'; '.join(notes)})" if notes else "") + ".")
-        _note_policy_fields_not_in_rl(cfg, file_cfg, overrides)
+        from rlinf_embodied.sft.config import note_policy_fields_not_in_rl
+
+        note_policy_fields_not_in_rl(cfg, file_cfg, overrides, rl_job_config)
     return cfg
-
-
-def _note_policy_fields_not_in_rl(cfg: SFTJobConfig, file_cfg: SFTJobConfig,
-                                  overrides: list[str]) -> None:
-    """Say on stderr which ``policy.*`` overrides of the pipeline stop at the SFT stage: a
-    field the RL stage takes from ``rl.config`` (``train_expert_only``, ``critic``, ``dtype``
-    ...) keeps that config's value, where the sampling fields and the fields RL must share with
-    SFT reach it (:func:`rl_job_config`, :func:`check_same_policy`)."""
-    import sys
-
-    from rlinf_embodied.config import ConfigError
-
-    named = {o.lstrip("+").partition("=")[0].strip().partition(".")[2] for o in overrides
-             if o.lstrip("+").startswith("policy.")}
-    changed = [f.name for f in dataclasses.fields(cfg.policy)
-               if f.name in named or getattr(cfg.policy, f.name) != getattr(file_cfg.policy, f.name, None)]
-    if not changed:
-        return
-    try:
-        job = rl_job_config(cfg)
-    except (ConfigError, OSError):  # validate_rl_stage words the RL stage's own errors
-        return
-    for name in changed:
-        ours, theirs = getattr(cfg.policy, name), getattr(job.policy, name, None)
-        if hasattr(job.policy, name) and ours != theirs:
-            print(f"note: policy.{name}={_yaml(ours)} applies to the SFT stage only; the RL stage "
-                  f"keeps {cfg.rl.config}'s policy.{name}={_yaml(theirs)} (pass "
-                  f"'rl.overrides=[\"policy.{name}={_yaml(ours)}\"]' to set it there too).",
-                  file=sys.stderr)
-
-
-def _yaml(value: Any) -> str:
-    """``value`` as an override writes it (``true``, ``null``, ``[1,2]``)."""
-    return json.dumps(value, separators=(",", ":")) if isinstance(value, (bool, list, type(None))) else str(value)
 
 
 #: Env settings that define the SFT evaluation's episodes: the RL stage's final evaluation must

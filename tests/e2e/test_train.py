@@ -134,7 +134,17 @@ def test_run_directory_contents(ray_session, tmp_path):
         # a training-only mix of fixed-length envs: the evaluation env must still build
         "env.ignore_terminations_fraction=0.5", "trainer.keep_checkpoints=1"])
     run = tmp_path / "run"
-    EmbodiedRunner(cfg, run).run()
+    import ray
+
+    def channel_actors() -> set:
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith("rlinf_channel:")}
+
+    before = channel_actors()
+    runner = EmbodiedRunner(cfg, run)
+    assert len(runner.g.channels) == 3 and channel_actors() - before  # obs, actions, trajectories
+    runner.run()
+    assert channel_actors() == before  # the run's queue actors went with it (shared cluster)
     trace = lock.trace()
     acquired = {w.split("[")[0] for _, _, w, e in trace if e == "acquire"}
     assert acquired == {"env", "rollout", "actor"}  # collocated: every group context-switches
