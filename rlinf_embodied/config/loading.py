@@ -28,7 +28,7 @@ from rlinf_embodied.config.errors import (
     value_kind,
 )
 from rlinf_embodied.config.job import JobConfig
-from rlinf_embodied.config.overrides import parse_overrides
+from rlinf_embodied.config.overrides import override_key, parse_overrides
 
 __all__ = [
     "as_dict",
@@ -169,7 +169,7 @@ def _free_dict_overrides(schema: DictConfig, overrides: List[str], parsed: DictC
     merging into it (``env.kwargs.size=16`` still sets one key)."""
     out: Dict[str, Any] = {}
     for o in overrides:
-        key = o.lstrip("+").partition("=")[0].strip()
+        key = override_key(o)
         node = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
         value = OmegaConf.select(parsed, key, default=None)
         if (isinstance(node, DictConfig) and node._metadata.object_type in (dict, None)
@@ -224,7 +224,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str,
         owners = _variants_with_field(section, leaf)
         if owners:  # env.control_mode on a gym env: a field of another kind
             current = OmegaConf.select(schema, f"{section}.type", default=None)
-            retyped = any(o.lstrip("+").partition("=")[0].strip() == f"{section}.type"
+            retyped = any(override_key(o) == f"{section}.type"
                           for o in overrides)
             hint = (f" ({key} is a field of {section}.type={' / '.join(owners)}, not of "
                     f"{section}.type={current}: the {section} section holds one kind's fields; "
@@ -323,7 +323,7 @@ def _container_mismatch(overrides: List[str], ov: DictConfig, raw: DictConfig, s
     except Exception:  # noqa: BLE001 - the file itself is malformed: nothing to compare with
         return None
     for o in overrides:
-        key = o.lstrip("+").partition("=")[0].strip()
+        key = override_key(o)
         new = OmegaConf.select(ov, key, default=None)
         old = OmegaConf.select(raw, key, default=None)
         if old is None:

@@ -17,6 +17,11 @@ from rlinf_embodied.config.errors import ConfigError, one_line
 __all__ = ["check_repeated_overrides", "flatten_dotted", "parse_overrides"]
 
 
+def override_key(override: str) -> str:
+    """The dotted key of a ``key=value`` override (``+key=value`` too): ``trainer.lr``."""
+    return override.partition("=")[0].strip().lstrip("+")
+
+
 def check_repeated_overrides(overrides: List[str]) -> None:
     """Refuse a command line that sets one key twice (``trainer.lr=1e-3 ... trainer.lr=3e-4``),
     where the last value would silently win. The CLI checks what the user typed; code that
@@ -67,7 +72,7 @@ def parse_overrides(overrides: List[str]) -> DictConfig:
                      else "")
             raise ConfigError(f"Override {o!r} is not of the form key=value (e.g. "
                               f"env.num_envs=16).{split}")
-        key = o.partition("=")[0].strip().lstrip("+")
+        key = override_key(o)
         if "" in key.split("."):  # `env.=3` read as the key `env`
             raise ConfigError(f"Override {o!r} has an empty part in its key {key!r}; write "
                               "section.field=value (e.g. env.num_envs=16).")

@@ -343,7 +343,9 @@ def note_policy_fields_not_in_rl(cfg: "SFTJobConfig", file_cfg: "SFTJobConfig",
     (:func:`rlinf_embodied.sft.pipeline.rl_job_config`)."""
     import sys
 
-    named = {o.lstrip("+").partition("=")[0].strip().partition(".")[2] for o in overrides
+    from rlinf_embodied.config.overrides import override_key
+
+    named = {override_key(o).partition(".")[2] for o in overrides
              if o.lstrip("+").startswith("policy.")}
     changed = [f.name for f in dataclasses.fields(cfg.policy)
                if f.name in named or getattr(cfg.policy, f.name) != getattr(file_cfg.policy, f.name, None)]
