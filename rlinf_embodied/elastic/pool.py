@@ -256,7 +256,7 @@ class ElasticRolloutPool:
                 self._join_failures += 1
                 if self._join_failures > self.e.max_attempts:
                     raise RuntimeError(f"{self._join_failures} elastic workers in a row failed to "
-                                       f"start; the last one:\n{error}") from exc
+                                       f"start; the last one, {name}:\n{error}") from exc
                 self._respawn(kind, standby)
                 continue
             self._join_failures = 0
@@ -422,7 +422,8 @@ class ElasticRolloutPool:
                 except RemoteError as err:
                     if attempts[m.shard] >= self.e.max_attempts:
                         raise RuntimeError(f"shard {m.shard} of iteration {iteration} failed "
-                                           f"{attempts[m.shard]} times; last error:\n{err}") from err
+                                           f"{attempts[m.shard]} times, last on worker {m.name}; "
+                                           f"last error:\n{err}") from err
                     self._event("shard_error", worker=m.name, shard=m.shard, error=str(err).splitlines()[0])
                     queue.appendleft(m.shard)
                     m.shard = m.handle = None
