@@ -389,3 +389,26 @@ def test_suite_task_ids_are_indices_named_once():
         load_config(None, [*base, "env.task_ids=[0,0]"])
     with pytest.raises(ConfigError, match=r"env.task_ids \[3\] must be non-empty indices into suite maniskill_lang3"):
         load_config(None, [*base, "env.task_ids=[3]"])
+
+
+def test_an_error_among_many_overrides_names_the_one_that_set_the_key():
+    """An SFT pipeline's RL stage passes ~20 overrides: an error lists them only when few, else
+    names the override that set the failing key (config.loading.MAX_LISTED_OVERRIDES)."""
+    from rlinf_embodied.config import ConfigError
+    from rlinf_embodied.config.loading import MAX_LISTED_OVERRIDES
+
+    many = [f"trainer.iterations={i}" for i in range(1, MAX_LISTED_OVERRIDES + 1)]
+    cfg_file = "configs/maniskill_pushcube_ppo_mlp.yaml"
+    with pytest.raises(ConfigError) as few:
+        load_config(cfg_file, ["trainer.bogus=1"])
+    assert f"in {cfg_file} + overrides ['trainer.bogus=1']." in str(few.value)
+    with pytest.raises(ConfigError) as unknown:
+        load_config(cfg_file, [*many, "trainer.bogus=1"])
+    msg = str(unknown.value)
+    assert f"Unknown config key 'trainer.bogus' in {cfg_file} + {len(many) + 1} overrides, " \
+           "'trainer.bogus=1' among them." in msg
+    assert "trainer.iterations=1" not in msg
+    with pytest.raises(ConfigError) as wrong:
+        load_config(cfg_file, [*many, "trainer.lr=abc", "trainer.lr=fast"])
+    assert f"Wrong type for config key 'trainer.lr' in {cfg_file} + {len(many) + 2} overrides, " \
+           "'trainer.lr=fast' among them: expected float, got 'fast' (str)" in str(wrong.value)

@@ -209,9 +209,26 @@ def _example(key: str, before: Any) -> str:
     return f" (e.g. {key}={str(before).lower() if isinstance(before, bool) else before})"
 
 
-def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str,
+MAX_LISTED_OVERRIDES = 6
+"""An error lists a config's overrides up to this many; of more (an SFT pipeline's RL stage
+passes ~20, most of them the pipeline's own) it names only the one that set the failing key."""
+
+
+def _source(label: str, overrides: List[str], key: str = "") -> str:
+    """Where a config error comes from: ``label`` (the file) and its overrides, all of them
+    when few, else their count and the last one that sets ``key``."""
+    if not overrides:
+        return label
+    if len(overrides) <= MAX_LISTED_OVERRIDES:
+        return f"{label} + overrides {overrides}"
+    setting = [o for o in overrides if key and override_key(o) == key]
+    return f"{label} + {len(overrides)} overrides" + (f", {setting[-1]!r} among them" if setting else "")
+
+
+def _translate(e: OmegaConfBaseException, schema: DictConfig, label: str,
                overrides: List[str]) -> ConfigError:
     key = getattr(e, "full_key", None) or ""
+    source = _source(label, overrides, key)
     if isinstance(e, ConfigKeyError) and key:
         valid = _valid_keys(schema, key)
         leaf = key.rsplit(".", 1)[-1]
@@ -277,9 +294,8 @@ def load_config(
     overrides = list(overrides or [])
     raw = _read_yaml(path) if path is not None else OmegaConf.create({})
     ov = parse_overrides(overrides)
-    source = str(path) if path is not None else "defaults"
-    if overrides:
-        source += f" + overrides {overrides}"
+    label = str(path) if path is not None else "defaults"
+    source = _source(label, overrides)
     try:
         merged_raw = OmegaConf.merge(raw, ov)
         structured = _schema_for(schema, merged_raw)
@@ -300,7 +316,7 @@ def load_config(
         if isinstance(inner, ConfigError):
             raise inner from None
         raise (_container_mismatch(overrides, ov, raw, schema, source)
-               or _translate(cause, structured, source, overrides)) from None
+               or _translate(cause, structured, label, overrides)) from None
     except ConfigError:
         raise
     except TypeError as e:  # e.g. a mapping given for a list field
