@@ -49,7 +49,8 @@ def validate_reasoning_job(cfg) -> None:
 
 
 def report_lines(res: dict, run_dir: Path, iterations: int) -> List[str]:
-    """The last lines of a reasoning ``train``: how it ended, where results and model are."""
+    """The last lines of a reasoning ``train``: how it ended (done, interrupted, aborted, or
+    failed: ``res["failed"]``, a worker's error), where results and model are."""
     ev = res["eval"]
     if len(ev) > 1:
         summary = (f" held-out reward {ev[0]['reward']:.3f} (step {ev[0]['step']}) -> "
@@ -59,7 +60,10 @@ def report_lines(res: dict, run_dir: Path, iterations: int) -> List[str]:
     else:
         summary = ""
     steps = len(res["steps"])
-    how = ("aborted" if res.get("aborted") else "interrupted") if res.get("interrupted") else "done"
+    if res.get("failed"):
+        how = "failed"
+    else:
+        how = ("aborted" if res.get("aborted") else "interrupted") if res.get("interrupted") else "done"
     of = f" of {iterations}" if how != "done" else ""
     lines = [f"{how}: {steps}{of} steps ({res['backend']} backend);{summary} results in {run_dir}"]
     model = res.get("model")
@@ -67,6 +71,8 @@ def report_lines(res: dict, run_dir: Path, iterations: int) -> List[str]:
         lines.append(f"model: {model['path']} (step {model['step']}, HF layout)")
     elif how == "aborted":
         lines.append("no model was saved (aborted by a second Ctrl-C)")
+    elif how == "failed":
+        lines.append("no model was saved before the error")
     elif steps:
         lines.append("no model was saved (trainer.save_every=0)")
     if how != "done":
@@ -124,7 +130,12 @@ def train_reasoning(config: str, overrides: List[str], fail: Callable, short_err
         return 130
     except Exception as e:  # noqa: BLE001 - a worker failed to start: say what, not a traceback
         fail(short_error(e), code=1)
-    res = runner.run(signals)
+    try:
+        res = runner.run(signals)
+    except Exception as e:  # noqa: BLE001 - a worker died mid-run: say what, and what is saved
+        res = dict(runner.results, failed=True)  # results.json was written as the run ended
+        fail("\n".join([short_error(e)] + report_lines(res, run_dir, cfg.trainer.iterations)),
+             code=1)
     if new_dir and res.get("interrupted") and not res["steps"] and not res.get("model"):
         # stopped before step 1 with nothing saved: as for a Ctrl-C during startup
         shutil.rmtree(run_dir, ignore_errors=True)

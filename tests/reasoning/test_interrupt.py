@@ -144,3 +144,39 @@ def test_ctrl_c_after_the_sft_warm_up_saves_its_model(ray_session, monkeypatch, 
     assert res["steps"] == [] and res["model"] == {"path": str(run_dir / "model"), "step": 0}
     assert json.loads((run_dir / "model" / "step.json").read_text()) == {"step": 0}
     assert "no later evaluation ran" in out and f"model: {run_dir / 'model'} (step 0" in out
+
+
+def test_an_error_mid_run_is_one_message_with_what_was_saved(ray_session, monkeypatch, tmp_path):
+    """An error during step 2 (after step 1's model was saved): ``train_reasoning`` reports it
+    through ``fail`` with exit code 1, in the error's one line plus where results and model
+    are; results.json is written; no traceback reaches the user."""
+    from rlinf_embodied.reasoning.cli import train_reasoning
+    from rlinf_embodied.runners.errors import short_error
+
+    sample = ReasoningRunner._sample
+
+    def fails_at_step_1(self, step):
+        if step == 1:
+            raise RuntimeError("the reward worker died (simulated)")
+        return sample(self, step)
+
+    monkeypatch.setattr(ReasoningRunner, "_sample", fails_at_step_1)
+    failures = []
+
+    def fail(msg, code=2):
+        failures.append((msg, code))
+        raise SystemExit(code)
+
+    run_dir = tmp_path / "run"
+    job = [o for o in JOB if not o.startswith(("trainer.sft_steps", "trainer.save_every"))]
+    job += ["trainer.sft_steps=0", "trainer.save_every=1", f"run.dir={run_dir}"]
+    with pytest.raises(SystemExit):
+        train_reasoning("configs/reasoning_grpo_tiny.yaml", job, fail=fail, short_error=short_error)
+    ((msg, code),) = failures
+    assert code == 1
+    lines = msg.splitlines()
+    assert lines[0] == "the reward worker died (simulated)"
+    assert lines[1] == f"failed: 1 of 4 steps (hf backend); results in {run_dir}"
+    assert lines[2] == f"model: {run_dir / 'model'} (step 1, HF layout)"
+    res = json.loads((run_dir / "results.json").read_text())
+    assert len(res["steps"]) == 1 and res["model"]["step"] == 1
