@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-__all__ = ["MetricLogger", "plot_curves"]
+__all__ = ["MetricLogger", "last_time_s", "plot_curves"]
 
 
 class MetricLogger:
@@ -22,6 +22,13 @@ class MetricLogger:
         wandb: also log to Weights & Biases (``wandb`` must be installed and logged in).
         console: print one progress line per iteration (rich when available).
         project, config: W&B project and run config.
+        elapsed_s: seconds the run had already trained before this logger started (a resumed
+            run's, stored with its checkpoint): every ``time_s`` (and the console's elapsed
+            seconds) counts on from it, so the time of a resumed run continues that of the run
+            it resumes (the time between the two commands is not counted).
+
+    ``time_s`` is seconds since the logger started (after the workers started) plus
+    ``elapsed_s``; :meth:`elapsed` gives it at any moment.
     """
 
     def __init__(
@@ -32,13 +39,14 @@ class MetricLogger:
         console: bool = True,
         project: str = "rlinf-embodied",
         config: Optional[dict] = None,
+        elapsed_s: float = 0.0,
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console
         self._tb = None
         self._wandb = None
-        self._t0 = time.time()
+        self._t0 = time.time() - float(elapsed_s)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -76,7 +84,7 @@ class MetricLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({**clean, "env_steps": step}, step=iteration)
-        rec = {"iteration": iteration, "env_steps": step, "time_s": time.time() - self._t0}
+        rec = {"iteration": iteration, "env_steps": step, "time_s": self.elapsed()}
         rec.update({k: (v if math.isfinite(v) else None) for k, v in clean.items()})
         self._jsonl.write(json.dumps(rec) + "\n")
         if self.console:
@@ -87,13 +95,17 @@ class MetricLogger:
         ``{"event": name, "iteration", "env_steps", "time_s", **fields}``; readers of the
         history skip rows with an ``event`` key. Numeric fields also go to TensorBoard."""
         rec = {"event": name, "iteration": iteration, "env_steps": step,
-               "time_s": time.time() - self._t0, **fields}
+               "time_s": self.elapsed(), **fields}
         self._jsonl.write(json.dumps(rec) + "\n")
         if self._tb is not None:
             for k, v in fields.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+
+    def elapsed(self) -> float:
+        """Seconds the run has trained: since this logger started, plus its ``elapsed_s``."""
+        return time.time() - self._t0
 
     def _print(self, rec: dict) -> None:
         keys = [
@@ -139,6 +151,14 @@ def read_history(run_dir: str | Path, events: bool = False) -> List[dict]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows if events else [r for r in rows if "event" not in r]
+
+
+def last_time_s(run_dir: str | Path, iteration: int) -> float:
+    """``time_s`` (seconds) of the last metric record of ``run_dir/metrics.jsonl`` at or before
+    ``iteration``, 0.0 when there is none: the elapsed time of a checkpoint saved without it."""
+    rows = [r for r in read_history(run_dir) if r.get("iteration", 0) <= iteration
+            and isinstance(r.get("time_s"), (int, float))]
+    return float(rows[-1]["time_s"]) if rows else 0.0
 
 
 def plot_curves(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:

@@ -65,8 +65,10 @@ class ReasoningGroups:
 
 def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> ReasoningGroups:
     """Start the cluster, the two channels and the rollout / reward / actor groups of ``cfg``
-    (placed by ``plan`` when given, else by ``cfg.placement``; ``auto`` profiles and plans)."""
-    from rlinf_embodied.runners.setup import check_plan_fits, group_ranks, open_cluster
+    (placed by ``plan`` when given, else by ``cfg.placement``; ``auto`` profiles and plans).
+    A launch that fails part-way stops what it started, deletes the channels and releases the
+    cluster before the error propagates (:func:`~rlinf_embodied.runners.setup.release_launch`)."""
+    from rlinf_embodied.runners.setup import check_plan_fits, group_ranks, open_cluster, release_launch
     from rlinf_embodied.runtime import Channel, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.reasoning_actor import ReasoningActorWorker
@@ -86,20 +88,29 @@ def launch_reasoning_groups(cfg, run_dir: Path, run_id: str, plan=None) -> Reaso
     n_roll, n_rew, n_act = ranks["rollout"], ranks[REWARD_SLOT], ranks["actor"]
     responses, scored = f"{run_id}/responses", f"{run_id}/scored"
     # unbounded: a waiting actor never back-pressures the rollout
-    channels = [Channel.create(name) for name in (responses, scored)]
-    spec = plan.group(REWARD_SLOT)
-    reward = WorkerGroup(cluster, RewardWorker, "reward", spec.devices, spec.procs_per_device,
-                         context_switch=plan.shares_devices(REWARD_SLOT, nd), torch_threads=1,
-                         init_args=(cfg, model_dir, responses, scored, 0, n_act))
-    for j in range(n_rew):  # rollout rank k feeds reward rank k % n_rew
-        reward.on([j]).set_num_producers(sum(k % n_rew == j for k in range(n_roll))).wait()
-    rollout = WorkerGroup.from_plan(cluster, plan, "rollout", ReasoningRolloutWorker,
-                                    init_args=(cfg, model_dir, responses, n_rew))
-    actor = WorkerGroup.from_plan(cluster, plan, "actor", ReasoningActorWorker,
-                                  init_args=(cfg, model_dir, scored, n_rew))
-    actor.init_process_group()
-    actor.setup().wait()
-    backend = rollout.on([0]).info().wait()[0]["backend"]
+    channels: list = []
+    started: list = []
+    try:
+        channels += [Channel.create(name) for name in (responses, scored)]
+        spec = plan.group(REWARD_SLOT)
+        reward = WorkerGroup(cluster, RewardWorker, "reward", spec.devices, spec.procs_per_device,
+                             context_switch=plan.shares_devices(REWARD_SLOT, nd), torch_threads=1,
+                             init_args=(cfg, model_dir, responses, scored, 0, n_act))
+        started.append(reward)
+        for j in range(n_rew):  # rollout rank k feeds reward rank k % n_rew
+            reward.on([j]).set_num_producers(sum(k % n_rew == j for k in range(n_roll))).wait()
+        rollout = WorkerGroup.from_plan(cluster, plan, "rollout", ReasoningRolloutWorker,
+                                        init_args=(cfg, model_dir, responses, n_rew))
+        started.append(rollout)
+        actor = WorkerGroup.from_plan(cluster, plan, "actor", ReasoningActorWorker,
+                                      init_args=(cfg, model_dir, scored, n_rew))
+        started.append(actor)
+        actor.init_process_group()
+        actor.setup().wait()
+        backend = rollout.on([0]).info().wait()[0]["backend"]
+    except BaseException:
+        release_launch(started, channels, cluster)
+        raise
     return ReasoningGroups(cfg, cluster, rollout, reward, actor, WeightSync(actor, rollout), plan,
                            model_dir, backend, channels)
 

@@ -19,7 +19,7 @@ from rlinf_embodied.checkpoint import (
     latest_loadable_checkpoint,
 )
 from rlinf_embodied.config import ConfigError, JobConfig, as_dict, save_config
-from rlinf_embodied.metrics import MetricLogger, plot_curves
+from rlinf_embodied.metrics import MetricLogger, last_time_s, plot_curves
 from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.restarts import (
     RANK_LOSS_ERRORS,
@@ -35,7 +35,7 @@ from rlinf_embodied.runners.setup import Groups, check_divisibility, group_ranks
 from rlinf_embodied.runners.signals import StopSignals
 from rlinf_embodied.runtime import PlacementError, wait_all
 
-__all__ = ["EmbodiedRunner", "per_task_rates", "mixed_group_rates"]
+__all__ = ["EmbodiedRunner", "per_task_rates", "mixed_group_rates", "read_state"]
 
 
 def _sum_per_task(stats: list, key: str) -> dict:
@@ -97,6 +97,17 @@ def eval_record(stats: list, iteration: int, env_steps: int, batch_invariant: bo
     return metrics, record
 
 
+def read_state(ckpt: Path, run_dir: Path) -> tuple:
+    """``(runner state, elapsed seconds)`` of checkpoint ``ckpt`` of ``run_dir``: its
+    ``runner_state.json`` without ``elapsed_s``, and ``elapsed_s`` (for a checkpoint saved
+    without it: the ``time_s`` of the run's last metric record at or before its iteration)."""
+    state = json.loads((ckpt / "runner_state.json").read_text())
+    elapsed = state.pop("elapsed_s", None)
+    if elapsed is None:
+        elapsed = last_time_s(run_dir, state["iteration"])
+    return state, float(elapsed)
+
+
 class EmbodiedRunner:
     """Runs one training job in ``run_dir``.
 
@@ -121,10 +132,12 @@ class EmbodiedRunner:
         if not resume:  # a resumed run keeps its config.yaml until its workers have started
             save_config(cfg, self.run_dir)
         self.state = {"iteration": 0, "env_steps": 0}
+        elapsed = 0.0  # seconds trained before this command: time_s goes on from them
         if ckpt is not None:
-            self.state = json.loads((ckpt / "runner_state.json").read_text())
+            self.state, elapsed = read_state(ckpt, self.run_dir)
             self.saved = ckpt
-            print(f"resuming from {ckpt} (iteration {self.state['iteration']})")
+            print(f"resuming from {ckpt} (iteration {self.state['iteration']}, "
+                  f"{elapsed:.0f} s trained)")
         self.restarts = 0
         """Restarts so far (``trainer.max_restarts``)."""
         self.ray_gone = False
@@ -142,7 +155,8 @@ class EmbodiedRunner:
             self.cfg = cfg = self.g.cfg
             save_config(cfg, self.run_dir)
         self.log = MetricLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.wandb,
-                                cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg))
+                                cfg.logging.console, cfg.logging.wandb_project, as_dict(cfg),
+                                elapsed_s=elapsed)
         self._saved_at = self.state["iteration"] if ckpt is not None else -1
         self.interrupted = False
 
@@ -158,7 +172,9 @@ class EmbodiedRunner:
 
     def run(self) -> dict:
         """Train until ``trainer.iterations`` (or ``max_time_s`` / ``target_success``, or a
-        stop signal: then the current iteration finishes and a checkpoint is saved). A lost
+        stop signal: then the current iteration finishes and a checkpoint is saved).
+        ``trainer.max_time_s`` budgets this command's seconds (from this call, a resumed run's
+        too), while ``time_s`` in ``metrics.jsonl`` goes on from the resumed run's. A lost
         rank or node of the placed groups restarts them from the newest checkpoint (at most
         ``trainer.max_restarts`` times, :mod:`~rlinf_embodied.runners.restarts`). Returns the
         runner state (``iteration``, ``env_steps``, ...); ``self.saved`` names the last
@@ -248,9 +264,10 @@ class EmbodiedRunner:
             self.save()
         if timed_out:
             print(f"trainer.max_time_s={t.max_time_s}: stopped after iteration "
-                  f"{self.state['iteration']}, trained by {now - start:.1f} s: another would end "
-                  f"past the budget (checkpoint and final evaluation saved, {time.time() - start:.1f} s"
-                  f" in all).")
+                  f"{self.state['iteration']}, trained by {now - start:.1f} s in this command: "
+                  f"another would end past the budget (checkpoint and final evaluation saved, "
+                  f"{time.time() - start:.1f} s in this command, {self.log.elapsed():.1f} s in "
+                  f"the whole run).")
         return done
 
     def _restart(self, err: BaseException) -> None:
@@ -283,7 +300,8 @@ class EmbodiedRunner:
                                f"used up") from err
         self.restarts += 1
         ckpt = latest_loadable_checkpoint(self.run_dir)
-        state = (json.loads((ckpt / "runner_state.json").read_text()) if ckpt is not None
+        # the logger's clock goes on: time_s counts the lost iterations' time too
+        state = (read_state(ckpt, self.run_dir)[0] if ckpt is not None
                  else {"iteration": 0, "env_steps": 0})
         since = (f"checkpoint {ckpt.name} (iteration {state['iteration']})" if ckpt is not None
                  else "the start (no checkpoint saved yet)")
@@ -364,13 +382,15 @@ class EmbodiedRunner:
         return metrics
 
     def save(self, name: Optional[str] = None) -> Path:
-        """Checkpoint ``iter_<iteration>`` (or ``name``, e.g. ``best``, outside the rotation)."""
+        """Checkpoint ``iter_<iteration>`` (or ``name``, e.g. ``best``, outside the rotation);
+        its ``runner_state.json`` holds the runner state and ``elapsed_s``, the seconds the run
+        has trained (``time_s`` of ``metrics.jsonl``), from which a resumed run's time goes on."""
         periodic = name is None
         name = name or f"iter_{self.state['iteration']:06d}"
         with checkpoint_dir(self.run_dir, name, keep=self.cfg.trainer.keep_checkpoints,
                             update_latest=periodic) as d:
             self.g.actor.save(str(d)).wait()
-            atomic_write_json(d / "runner_state.json", self.state)
+            atomic_write_json(d / "runner_state.json", {**self.state, "elapsed_s": self.log.elapsed()})
         if periodic:
             self._saved_at = self.state["iteration"]
             self.saved = self.run_dir / "checkpoints" / name

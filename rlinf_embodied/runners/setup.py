@@ -10,7 +10,8 @@ from rlinf_embodied.config import ConfigError, JobConfig
 
 __all__ = ["EmbodiedLauncher", "Groups", "check_divisibility", "check_image_policy",
            "check_minibatches", "check_plan_fits", "check_policy_paths", "group_ranks",
-           "launch_groups", "open_cluster", "resolve_placement", "validate_job"]
+           "launch_groups", "open_cluster", "rebase_policy_paths", "resolve_placement",
+           "validate_job"]
 
 
 def check_policy_paths(cfg: JobConfig) -> None:
@@ -44,6 +45,33 @@ def check_policy_paths(cfg: JobConfig) -> None:
             check_checkpoint(cfg.policy.checkpoint, cfg.policy.type)
         except PolicyCheckpointError as e:
             raise ConfigError(str(e)) from None
+
+
+def rebase_policy_paths(cfg: JobConfig, old_root: str | Path, new_root: str | Path) -> JobConfig:
+    """``cfg`` with each of ``policy.checkpoint`` / ``policy.pretrained`` that lies inside
+    ``old_root`` (as written, or with symlinks resolved) moved to the same place inside
+    ``new_root``; a path outside ``old_root`` stays as it is.
+
+    A run's stored config names the checkpoints of its run directory it started from by where
+    that directory was (e.g. an SFT -> RL pipeline's ``policy.checkpoint=<run dir>/sft/policy``);
+    after the directory was copied or moved, this gives the config as if it had started there.
+    An absolute path stays absolute (``new_root`` resolved), a relative one relative.
+    """
+    old, new, moved = Path(old_root), Path(new_root), {}
+    for key in ("checkpoint", "pretrained"):
+        value = getattr(cfg.policy, key, None)
+        for root in (old, old.resolve()) if value else ():
+            if Path(value).is_absolute() != root.is_absolute():
+                continue
+            try:
+                rel = Path(value).relative_to(root)
+            except ValueError:
+                continue
+            moved[key] = str((new.resolve() if root.is_absolute() else new) / rel)
+            break
+    if not moved:
+        return cfg
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, **moved))
 
 
 def resolve_placement(name: str) -> Path:
@@ -285,17 +313,42 @@ def check_plan_fits(cluster, plan) -> None:
         raise ConfigError(msg) from None
 
 
+def release_launch(groups: list, channels: list, cluster=None) -> None:
+    """Undo a failed launch, best effort: stop ``groups`` (newest first), delete ``channels``
+    and shut ``cluster`` down (None: a cluster the caller keeps). Errors while releasing are
+    swallowed so that the launch's own error is the one raised."""
+    from rlinf_embodied.runtime import delete_channels
+
+    for grp in reversed(groups):
+        try:
+            grp.shutdown()
+        except Exception:  # noqa: BLE001 - Ray going down: the actors go with it
+            pass
+    delete_channels(channels)
+    if cluster is not None:
+        try:
+            cluster.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Optional[Path],
                   plan=None, actor_cls=None, cluster=None) -> Groups:
     """Start the cluster (or use ``cluster``), the channels and the env / rollout / actor
     groups of ``cfg`` (placed by ``plan`` when given, else by ``cfg.placement``; ``actor_cls``
-    replaces ActorWorker, e.g. the elastic runner's subclass)."""
+    replaces ActorWorker, e.g. the elastic runner's subclass).
+
+    A launch that fails part-way (a worker's constructor or setup raises, Ctrl-C) stops the
+    groups it started and deletes its channels before the error propagates, so that a cluster
+    that outlives the run (``cluster.address``, a restart's relaunch) keeps none of them; a
+    cluster opened here is released too."""
     from rlinf_embodied.runtime import Channel, PlacementPlan, WorkerGroup
     from rlinf_embodied.weight_sync import WeightSync
     from rlinf_embodied.workers.actor_worker import ActorWorker
     from rlinf_embodied.workers.env_worker import ChannelNames, EnvWorker, actor_slices
     from rlinf_embodied.workers.rollout_worker import RolloutWorker
 
+    own_cluster = cluster is None
     cluster = cluster or open_cluster(cfg)
     if plan is None and cfg.placement == "auto":
         plan, cfg = _auto_placement(cfg, cluster, run_dir, run_id)
@@ -309,23 +362,32 @@ def launch_groups(cfg: JobConfig, run_dir: Path, run_id: str, checkpoint: Option
     check_divisibility(cfg, ranks["env"], ranks["actor"])
     check_minibatches(cfg, ranks["actor"])
     names = ChannelNames(f"{run_id}/obs", f"{run_id}/actions", f"{run_id}/trajectories")
-    channels = [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
-    env = WorkerGroup.from_plan(cluster, plan, "env", EnvWorker, init_args=(
-        cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
-    spec = env.on([0]).space_spec().wait()[0]
-    rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker,
-                                    init_args=(cfg, spec, names, ranks["env"], cfg.trainer.join_forwards))
-    per_env_rank = cfg.env.num_envs // ranks["env"]
-    streams = [0] * ranks["actor"]
-    for r in range(ranks["env"]):
-        for a, _, _ in actor_slices(r * per_env_rank, per_env_rank, cfg.env.num_envs, ranks["actor"]):
-            streams[a] += 1
-    actor = WorkerGroup.from_plan(cluster, plan, "actor", actor_cls or ActorWorker,
-                                  init_args=(cfg, spec, names, 0))
-    for a in range(ranks["actor"]):
-        actor.on([a]).set_num_streams(streams[a]).wait()
-    actor.init_process_group()
-    actor.setup(str(checkpoint) if checkpoint else None).wait()
+    channels: list = []
+    started: list = []  # the groups to stop if the launch fails
+    try:
+        channels += [Channel.create(n) for n in (names.obs, names.actions, names.trajectories)]
+        env = WorkerGroup.from_plan(cluster, plan, "env", EnvWorker, init_args=(
+            cfg, names, ranks["rollout"], ranks["actor"], str(run_dir / "videos")))
+        started.append(env)
+        spec = env.on([0]).space_spec().wait()[0]
+        rollout = WorkerGroup.from_plan(cluster, plan, "rollout", RolloutWorker,
+                                        init_args=(cfg, spec, names, ranks["env"], cfg.trainer.join_forwards))
+        started.append(rollout)
+        per_env_rank = cfg.env.num_envs // ranks["env"]
+        streams = [0] * ranks["actor"]
+        for r in range(ranks["env"]):
+            for a, _, _ in actor_slices(r * per_env_rank, per_env_rank, cfg.env.num_envs, ranks["actor"]):
+                streams[a] += 1
+        actor = WorkerGroup.from_plan(cluster, plan, "actor", actor_cls or ActorWorker,
+                                      init_args=(cfg, spec, names, 0))
+        started.append(actor)
+        for a in range(ranks["actor"]):
+            actor.on([a]).set_num_streams(streams[a]).wait()
+        actor.init_process_group()
+        actor.setup(str(checkpoint) if checkpoint else None).wait()
+    except BaseException:
+        release_launch(started, channels, cluster if own_cluster else None)
+        raise
     lora = bool(getattr(cfg.policy, "lora_rank", 0))
     return Groups(cfg, cluster, env, rollout, actor, WeightSync(actor, rollout, trainable_only=lora), plan,
                   channels)
@@ -346,7 +408,7 @@ class EmbodiedLauncher:
                     spread: bool):
         """``ranks`` FSDP actor ranks alone (one per device when ``spread``, else all on device
         0), set up from scratch; returns ``(group, cleanup)``."""
-        from rlinf_embodied.runtime import Channel, WorkerGroup, delete_channels
+        from rlinf_embodied.runtime import Channel, WorkerGroup
         from rlinf_embodied.workers.actor_worker import ActorWorker
         from rlinf_embodied.workers.env_worker import ChannelNames
 
@@ -355,9 +417,7 @@ class EmbodiedLauncher:
         group = None
 
         def cleanup() -> None:
-            if group is not None:
-                group.shutdown()
-            delete_channels(channels)
+            release_launch([group] if group is not None else [], channels)
 
         try:
             group = WorkerGroup(cluster, ActorWorker, "actor",

@@ -472,7 +472,8 @@ _RESUME_SAFE = ("run.name", "run.dir", "run.output_dir")
 def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
     """The checkpoint ``finetune --resume`` continues the pipeline's RL run ``rl_dir`` from:
     its newest complete one (damaged ones skipped with a warning), after comparing the run's
-    ``config.yaml`` with the RL job the pipeline config gives now (``job``).
+    ``config.yaml`` with the RL job the pipeline config gives now (``job``); its paths into the
+    run directory it was started in count as ``rl_dir.parent``'s (a copied or moved run goes on).
 
     Raises:
         rlinf_embodied.config.ConfigError: ``rl_dir`` holds no RL run or no complete
@@ -480,6 +481,7 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
     """
     from rlinf_embodied.checkpoint import latest_loadable_checkpoint
     from rlinf_embodied.config import RESUME_SAFE_KEYS, ConfigError, config_diff, load_config
+    from rlinf_embodied.runners.setup import rebase_policy_paths
 
     check_rl_dir(rl_dir, resume=True)
     ckpt = latest_loadable_checkpoint(rl_dir, warn=log)
@@ -489,7 +491,9 @@ def resume_checkpoint(job, rl_dir: Path, log=print) -> Path:
                           "`rlinf-embodied finetune` without --resume to start it again.")
     skip = RESUME_SAFE_KEYS + _RESUME_SAFE + (
         ("trainer.pipeline_stages",) if job.placement == "auto" else ())
-    changed = config_diff(load_config(rl_dir / "config.yaml"), job, skip)
+    saved = load_config(rl_dir / "config.yaml")  # its SFT paths: the run dir's when copied/moved
+    saved = rebase_policy_paths(saved, Path(saved.run.run_dir()).parent, rl_dir.parent)
+    changed = config_diff(saved, job, skip)
     policy = [d for d in changed if d.startswith("policy.")]
     if policy:
         raise ConfigError(f"--resume: {'; '.join(policy)} (the RL run's config -> the pipeline's "

@@ -285,3 +285,64 @@ def test_placement_auto_profiles_plans_and_trains(ray_session, tmp_path):
     for group in ("env", "rollout", "actor"):
         assert f'"{group}"' in text
     assert "measured" in text
+
+
+def test_a_failed_launch_leaves_no_workers_or_channels(ray_session, tmp_path, monkeypatch):
+    """The actor's setup raises after the env and rollout groups and the channels exist: the
+    launch stops the groups it started and deletes its channels before the error propagates,
+    on a cluster that outlives it (the test session's Ray)."""
+    import ray
+
+    from rlinf_embodied.runners.setup import launch_groups
+    from rlinf_embodied.runtime import WorkerGroup
+    from rlinf_embodied.workers.actor_worker import ActorWorker
+
+    class BrokenActor(ActorWorker):
+        def setup(self, checkpoint=None):
+            raise RuntimeError("actor setup failed on purpose")
+
+    groups = []
+    init = WorkerGroup.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        groups.append(self)
+
+    monkeypatch.setattr(WorkerGroup, "__init__", recording_init)
+
+    def channel_actors() -> set:
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith("rlinf_channel:")}
+
+    before = channel_actors()
+    with pytest.raises(Exception, match="actor setup failed on purpose"):
+        launch_groups(make_cfg(tmp_path), tmp_path / "run", "run-broken", None, actor_cls=BrokenActor)
+    assert [g.name for g in groups] == ["env", "rollout", "actor"]
+    assert all(g._hosts == [] for g in groups)  # each group's rank actors were killed
+    assert channel_actors() == before
+    assert ray.is_initialized()  # the session's cluster, attached to, is left running
+
+
+def test_a_resumed_run_continues_the_elapsed_time(ray_session, tmp_path):
+    # time_s (metrics.jsonl, the console) of a resumed run goes on from the run it resumes,
+    # as stored with the checkpoint; the time between the two commands is not counted
+    from rlinf_embodied.metrics import read_history
+
+    run = tmp_path / "run"
+    EmbodiedRunner(make_cfg(tmp_path, iterations=2), run).run()
+    before = read_history(run)
+    ckpt = latest_checkpoint(run) / "runner_state.json"
+    state = json.loads(ckpt.read_text())
+    assert state["iteration"] == 2 and state["elapsed_s"] >= before[-1]["time_s"] > 0
+    EmbodiedRunner(make_cfg(tmp_path, iterations=3), run, resume=True).run()
+    after = read_history(run)[len(before):]
+    assert [r["iteration"] for r in after] == [3]
+    assert after[0]["time_s"] >= state["elapsed_s"] >= before[-1]["time_s"]
+    third = json.loads((latest_checkpoint(run) / "runner_state.json").read_text())
+    assert third["iteration"] == 3 and third["elapsed_s"] >= after[0]["time_s"]
+    # the elapsed time is the checkpoint's: one that says 1000 s goes on from 1000 s
+    ckpt = latest_checkpoint(run) / "runner_state.json"
+    ckpt.write_text(json.dumps({**third, "elapsed_s": 1000.0}))
+    EmbodiedRunner(make_cfg(tmp_path, iterations=4), run, resume=True).run()
+    last = read_history(run)[-1]
+    assert last["iteration"] == 4 and 1000.0 <= last["time_s"] < 1000.0 + 600

@@ -429,36 +429,21 @@ def test_gate_of_shorter_rl_episodes_scores_the_recorded_trials_within_them(tmp_
     assert res["recorded"] == 0.75 and res["recorded_within_horizon"] is False
 
 
-def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp_path, monkeypatch):
-    # The RL stage stopped by Ctrl-C after 1 iteration (a checkpoint saved); `finetune
-    # --resume` continues it from that checkpoint to the configured iterations without a new
-    # gate, then writes the final evaluation and summary as an uninterrupted finetune does.
-    from typer.testing import CliRunner
-
-    import rlinf_embodied.runners.embodied as embodied
-    import rlinf_embodied.sft.gate as gate
+def interrupted_once_runner(made: list, record):
+    """A stand-in for EmbodiedRunner with its contract (resume from ``checkpoint``, checkpoints
+    with ``runner_state.json``, the Ctrl-C flag, ``config.yaml`` written): the first run made
+    stops after iteration 1 as after a Ctrl-C, later ones run to ``trainer.iterations``. Each
+    construction appends ``record(resume, checkpoint, job, run_dir)`` to ``made``."""
     from rlinf_embodied.checkpoint import atomic_write_json, checkpoint_dir
-    from rlinf_embodied.cli import app
     from rlinf_embodied.config import save_config
-    from rlinf_embodied.sft.gate import write_record
-    from rlinf_embodied.sft.pipeline import load_sft_config
 
-    run = tmp_path / "run"
-    args = ["finetune", CONFIG, f"run.dir={run}", "eval.episodes=2", "eval.gate_episodes=2"]
-    cfg = load_sft_config(CONFIG, args[2:])
-    (run / "sft" / "policy").mkdir(parents=True)
-    write_record(run / "sft", _results(run / "sft" / "eval.json", "PushCube-v1",
-                                       {"PushCube-v1": [True, False]}), cfg.env, cfg.eval)
-    made, gates = [], []
-
-    class Runner:  # EmbodiedRunner's contract: resume from `checkpoint`, save, Ctrl-C flag
+    class Runner:
         def __init__(self, job, run_dir, resume=False, checkpoint=None):
             self.job, self.run_dir, self.interrupted = job, run_dir, False
             self.state = (json.loads((checkpoint / "runner_state.json").read_text()) if resume
                           else {"iteration": 0, "env_steps": 0})
-            made.append((resume, checkpoint and checkpoint.name))
-            if not resume:
-                save_config(job, run_dir)
+            made.append(record(resume, checkpoint, job, run_dir))
+            save_config(job, run_dir)
 
         def run(self):
             stop = 1 if len(made) == 1 else self.job.trainer.iterations  # the first: Ctrl-C
@@ -470,7 +455,31 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
             self.interrupted = stop < self.job.trainer.iterations
             return self.state
 
-    monkeypatch.setattr(embodied, "EmbodiedRunner", Runner)
+    return Runner
+
+
+def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp_path, monkeypatch):
+    # The RL stage stopped by Ctrl-C after 1 iteration (a checkpoint saved); `finetune
+    # --resume` continues it from that checkpoint to the configured iterations without a new
+    # gate, then writes the final evaluation and summary as an uninterrupted finetune does.
+    from typer.testing import CliRunner
+
+    import rlinf_embodied.runners.embodied as embodied
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.cli import app
+    from rlinf_embodied.sft.gate import write_record
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    run = tmp_path / "run"
+    args = ["finetune", CONFIG, f"run.dir={run}", "eval.episodes=2", "eval.gate_episodes=2"]
+    cfg = load_sft_config(CONFIG, args[2:])
+    (run / "sft" / "policy").mkdir(parents=True)
+    write_record(run / "sft", _results(run / "sft" / "eval.json", "PushCube-v1",
+                                       {"PushCube-v1": [True, False]}), cfg.env, cfg.eval)
+    made, gates = [], []
+
+    monkeypatch.setattr(embodied, "EmbodiedRunner", interrupted_once_runner(
+        made, lambda resume, ckpt, job, run_dir: (resume, ckpt and ckpt.name)))
     monkeypatch.setattr(gate, "check_gate", lambda *a, **k: gates.append(1) or {"passed": True})
     monkeypatch.setattr(gate, "evaluate_checkpoint", lambda c, e, output, trials, **k: _results(
         output, "PushCube-v1", {"PushCube-v1": [True, True][:trials]}))
@@ -524,3 +533,54 @@ def test_finetune_resume_continues_a_stopped_rl_stage_and_writes_the_summary(tmp
     assert more["wall_s_total"] == pytest.approx(state["wall_s_total"] + more["wall_s"])
     stages = json.loads((run / "summary.json").read_text())["stages"]
     assert stages["rl"]["wall_s"] == more["wall_s_total"] and stages["rl"]["iterations"] == iterations + 2
+
+
+def test_finetune_resume_continues_a_moved_pipeline_run_from_its_own_sft_checkpoint(tmp_path, monkeypatch):
+    # The RL stage's config.yaml names the SFT checkpoint it starts from by an absolute path
+    # (policy.checkpoint=<run dir>/sft/policy). A run directory moved elsewhere (mv runs/a
+    # runs/b) goes on with `finetune CONFIG run.dir=runs/b --resume` from runs/b's own SFT
+    # checkpoint: that path is of the run directory, not a changed policy setting.
+    import shutil
+
+    from typer.testing import CliRunner
+
+    import rlinf_embodied.runners.embodied as embodied
+    import rlinf_embodied.sft.gate as gate
+    from rlinf_embodied.cli import app
+    from rlinf_embodied.sft.gate import write_record
+    from rlinf_embodied.sft.pipeline import load_sft_config
+
+    old, new = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    flags = ["eval.episodes=2", "eval.gate_episodes=2"]
+    cfg = load_sft_config(CONFIG, [f"run.dir={old}", *flags])
+    (old / "sft" / "policy").mkdir(parents=True)
+    write_record(old / "sft", _results(old / "sft" / "eval.json", "PushCube-v1",
+                                       {"PushCube-v1": [True, False]}), cfg.env, cfg.eval)
+    made = []
+
+    monkeypatch.setattr(embodied, "EmbodiedRunner", interrupted_once_runner(
+        made, lambda resume, ckpt, job, run_dir: (resume, ckpt and ckpt.name,
+                                                  job.policy.checkpoint, run_dir)))
+    monkeypatch.setattr(gate, "check_gate", lambda *a, **k: {"passed": True})
+    monkeypatch.setattr(gate, "evaluate_checkpoint", lambda c, e, output, trials, **k: _results(
+        output, "PushCube-v1", {"PushCube-v1": [True, True][:trials]}))
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={old}", *flags])
+    assert r.exit_code == 130, r.output
+    assert made[0][2] == str((old / "sft" / "policy").resolve())  # absolute in rl/config.yaml
+    assert str(old.resolve()) in (old / "rl" / "config.yaml").read_text()
+    shutil.move(old, new)
+
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={new}", *flags, "--resume"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "cannot change on resume" not in out and "changed settings" not in out, out
+    resume, ckpt, policy, run_dir = made[1]
+    assert (resume, ckpt, run_dir) == (True, "iter_000001", new / "rl")
+    assert policy == str((new / "sft" / "policy").resolve())  # the moved run's own
+    assert str(old.resolve()) not in (new / "rl" / "config.yaml").read_text()
+    assert json.loads((new / "summary.json").read_text())["rl"]["rate"] == 1.0
+    # a path outside the run directory is no path of the run: changing it is still refused
+    r = CliRunner().invoke(app, ["finetune", CONFIG, f"run.dir={new}", *flags,
+                                 f"rl.overrides=[policy.checkpoint={tmp_path / 'elsewhere'}]",
+                                 "--resume"])
+    assert r.exit_code == 2 and "cannot change on resume" in " ".join(r.output.split()), r.output
