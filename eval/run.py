@@ -5,7 +5,9 @@ Flow of :func:`evaluate`:
 1. resolve the :class:`~rlinf_embodied.eval.protocols.Protocol` (plus CLI overrides) and check
    the simulator versions it requires (a mismatch warns loudly and is stamped in the header);
 2. list the (task, trial) pairs; drop those already in the results file (resume);
-3. build one :class:`~rlinf_embodied.envs.base.BatchedEnv` of N envs (N = ``num_envs``, capped
+3. refuse a ``--policy`` that its files show cannot run on the env about to be built
+   (:func:`~rlinf_embodied.eval.policy_fit.check_policy_fits`), then build one
+   :class:`~rlinf_embodied.envs.base.BatchedEnv` of N envs (N = ``num_envs``, capped
    at the number of pending pairs) configured by the protocol (max steps, settle steps and
    action, image size and orientation, seeds);
 4. schedule: every env slot takes the next pending pair; when its episode ends the slot is reset
@@ -127,6 +129,7 @@ def evaluate(req: EvalRequest) -> ResultsFile:
         ResultsError: the output file belongs to a different evaluation.
     """
     from rlinf_embodied.eval.policy_files import find_checkpoint
+    from rlinf_embodied.eval.policy_fit import check_policy_fits
     from rlinf_embodied.eval.sources import PolicyContext, resolve_policy
 
     check_request(req)
@@ -179,6 +182,9 @@ def evaluate(req: EvalRequest) -> ResultsFile:
     limit = (run_max_episode_steps(run_env)
              if family.max_steps() is None and "max_episode_steps" not in req.env_overrides else None)
     env_cfg = checked_env_config(family, req, num_envs, num_processes, obs_mode, pending[:num_envs])
+    # What the policy's files and the request decide (its type, the spaces the EnvConfig fixes:
+    # e.g. a LIBERO image size), before the env is built (a LIBERO env takes most of a minute)
+    check_policy_fits(req.policy, env_cfg, req.env, req.policy_type, req.checkpoint)
     for key, value in overridden_run_settings(family.req, run_env).items():
         print(f"eval: warning: --env-override {key}={value!r} differs from the policy's run "
               f"({key}={run_env[key]!r} in {run_cfg}): the policy was trained with the run's "

@@ -44,7 +44,6 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import numpy as np
 from rlinf_embodied.eval.acting import as_chunk, policy_act
 from rlinf_embodied.eval.policy_files import (
-    RUN_CHECKPOINTS,
     PolicySourceError,
     choose_unnorm_key,
     find_checkpoint,
@@ -53,8 +52,15 @@ from rlinf_embodied.eval.policy_files import (
     importable_from_cwd,
     missing_source,
     names_callable,
-    vla_type,
 )
+from rlinf_embodied.eval.policy_fit import (
+    check_source,
+    mismatch_error,
+    spec_problems,
+    type_error,
+    vla_kind,
+)
+from rlinf_embodied.eval.policy_fit import training_env_hint as _training_env_hint  # noqa: F401
 
 __all__ = ["PolicyContext", "LoadedPolicy", "resolve_policy", "oft_layout"]
 
@@ -271,32 +277,6 @@ def _execution(policy: Any) -> Dict[str, Any]:
             "action_chunk": k, "open_loop_steps": k}
 
 
-def _training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
-    """``": --env-override control_mode=... --env-override sensor_size=... --obs-mode ..."``
-    (LIBERO: ``--image-size N``) from the env settings saved beside a checkpoint
-    (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any. When the run's env
-    type is not ``env_type`` (the one evaluated), ``": --env TYPE --task ENV_ID"`` instead: the
-    other settings belong to that env type."""
-    from rlinf_embodied.eval.request import run_env_config
-
-    env, _ = run_env_config(str(ckpt))
-    trained = env.get("type")
-    if trained and env_type and trained != env_type:
-        flags = [f"--env {trained}"]
-        for key, flag in (("suite", "--suite"), ("env_id", "--task")):
-            if env.get(key):
-                flags.append(f"{flag} {env[key]}")
-                break
-        return ": " + " ".join(flags)
-    flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
-             if env.get(k) is not None]
-    if env.get("image_size") is not None:  # LIBERO: the protocol's size unless --image-size
-        flags.append(f"--image-size {env['image_size']}")
-    if env.get("obs_mode"):
-        flags.append(f"--obs-mode {env['obs_mode']}")
-    return (": " + " ".join(flags)) if flags else ""
-
-
 def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                      expected_type: Optional[str], which: str = "latest") -> LoadedPolicy:
     from rlinf_embodied.policies.registry import PolicyCheckpointError, PolicyTypeError, load_policy
@@ -305,25 +285,15 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
     try:
         policy = load_policy(ckpt, expected_type=expected_type, map_location=ctx.device)
     except PolicyTypeError as e:  # named as the eval flag, not the training config key
-        raise PolicySourceError(f"Checkpoint {ckpt} holds a {e.saved_type!r} policy, not --policy-type "
-                                f"{e.expected_type}: pass --policy-type {e.saved_type}, or drop the flag.") from None
+        raise type_error(ckpt, e) from None
     except PolicyCheckpointError as e:
         raise PolicySourceError(str(e)) from None
     want = _spec_of(ctx)
     have = policy.spec
-    problems = []
-    if have.action_dim != want.action_dim or have.discrete != want.discrete:
-        problems.append(f"action dim {have.action_dim} (env: {want.action_dim})")
-    if have.state_dim and have.state_dim != want.state_dim:
-        problems.append(f"state dim {have.state_dim} (env: {want.state_dim})")
-    if have.image_shape and have.image_shape != want.image_shape:
-        problems.append(f"image shape {have.image_shape} (env: {want.image_shape})")
+    problems = spec_problems(have, {"action_dim": want.action_dim, "discrete": want.discrete,
+                                    "states": (want.state_dim,), "main_images": want.image_shape})
     if problems:
-        raise PolicySourceError(
-            f"Checkpoint {ckpt} ({policy.config.type} policy) does not match this env: it was "
-            f"built for {', '.join(problems)}. Evaluate it on the env and obs mode it was "
-            f"trained on{_training_env_hint(ckpt, ctx.env)}."
-        )
+        raise mismatch_error(ckpt, policy.config.type, problems, ctx.env)
     which_run, iteration = None, None
     if (path / "checkpoints").is_dir():  # a run directory: say which of its checkpoints
         which_run = which
@@ -389,16 +359,7 @@ def _load_vla(path: Path, source: str, ctx: PolicyContext,
 
     from rlinf_embodied.config import config_class
 
-    kind = vla_type(path)
-    if expected_type == "openvla_oft" and kind == "openvla":
-        # No head files: a discrete-token OFT model (the SFT checkpoints RL systems start from)
-        # is laid out like OpenVLA; --policy-type says which it is.
-        kind = "openvla_oft"
-    if expected_type is not None and expected_type != kind:
-        raise PolicySourceError(
-            f"{path} is a published {kind} checkpoint but --policy-type is {expected_type}; "
-            f"pass --policy-type {kind} or the matching checkpoint."
-        )
+    kind = vla_kind(path, expected_type)
     if kind not in policy_types():
         raise PolicySourceError(
             f"{path} is a published {kind} checkpoint but the {kind} policy is not available "
@@ -442,24 +403,8 @@ def resolve_policy(source: str, ctx: PolicyContext,
             ``checkpoint="best"`` for a source that is no run directory.
     """
     path = Path(source).expanduser()
-    if checkpoint != "latest" and not (path.is_dir() and not (path / "config.json").is_file()):
-        if checkpoint not in RUN_CHECKPOINTS:
-            raise PolicySourceError(
-                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}).")
-        raise PolicySourceError(
-            f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
-            f"--policy {source} is none. Pass a run directory or drop --checkpoint."
-        )
-    if expected_type is not None:
-        from rlinf_embodied.policies.registry import policy_types
-
-        if expected_type not in (*policy_types(), "random"):
-            raise PolicySourceError(f"--policy-type {expected_type!r} is no policy type; valid: "
-                                    f"{', '.join(sorted(policy_types()))}, random.")
+    check_source(source, expected_type, checkpoint)
     if source == "random":
-        if expected_type not in (None, "random"):
-            raise PolicySourceError(f"--policy random acts at random; it has no policy type "
-                                    f"({expected_type}): leave out --policy-type.")
         sha = hashlib.sha256(b"random").hexdigest()
         return LoadedPolicy(_random_policy(ctx), source, "random", sha, needs_images=False,
                             execution={"head": "random", "action_chunk": 1, "open_loop_steps": 1},
