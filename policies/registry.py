@@ -8,10 +8,21 @@ Checkpoint directory layout::
 
     model.safetensors   the state dict (weights and persistent buffers)
     spec.yaml           the SpaceSpec the policy was built for
+    paths.yaml          only when some path field of policy.yaml is relative to this directory
+                        (see below): ``relative_to_checkpoint: [pretrained, ...]``
     policy.yaml         the policy config (its ``type`` selects the class); written last, so a
                         directory with policy.yaml is a complete checkpoint
 
 Every file is written to a temporary file in the same directory, then renamed over the target.
+
+A run directory moves as a whole: a path field of the config (:data:`PATH_FIELDS`, e.g. an SFT ->
+RL pipeline's ``pretrained: <run>/sft/vla``) that lies inside the run directory the checkpoint is
+part of (:func:`run_root`) is stored relative to the checkpoint directory (``../vla``,
+``../../../../sft/vla``) and listed in ``paths.yaml``; :func:`load_policy` resolves the listed
+fields against the directory it loads from, so a moved or copied run reads its own files. Paths
+outside the run are stored as given (absolute, or relative to the working directory as the config
+said), and a relative path *not* listed in ``paths.yaml`` (every checkpoint written before it
+existed) keeps meaning the working directory's, so older checkpoints load as before.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Optional
 
 import torch
 import yaml
@@ -31,6 +43,8 @@ from rlinf_embodied.config import ConfigError, PolicyConfig, config_class, load_
 
 __all__ = [
     "CONFIG_FILE",
+    "PATHS_FILE",
+    "PATH_FIELDS",
     "SPEC_FILE",
     "WEIGHTS_FILE",
     "PolicyCheckpointError",
@@ -40,12 +54,18 @@ __all__ = [
     "policy_class",
     "policy_types",
     "register_policy",
+    "run_root",
     "save_policy",
 ]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "policy.yaml"
 SPEC_FILE = "spec.yaml"
+PATHS_FILE = "paths.yaml"
+PATH_FIELDS = ("pretrained", "tokenizer")
+"""Policy config fields that name directories of files (configuration_openvla.py: ``pretrained``;
+configuration_pi0.py: ``pretrained``, ``tokenizer``); ``checkpoint`` is never saved."""
+_RELATIVE_KEY = "relative_to_checkpoint"
 
 
 class PolicyCheckpointError(ValueError):
@@ -137,6 +157,10 @@ def build_policy(cfg: PolicyConfig, spec: SpaceSpec) -> Policy:
 def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
     """Write ``policy`` to ``directory`` (created if needed): weights, spec, then config.
 
+    A path field of the config inside the run directory ``directory`` is part of
+    (:func:`run_root`) is written relative to ``directory`` and listed in ``paths.yaml``, so that
+    the checkpoint follows its run when the run is moved or copied; other paths as given.
+
     Args:
         policy: any registered :class:`Policy`.
         directory: checkpoint directory; existing files are replaced atomically.
@@ -151,9 +175,46 @@ def save_policy(policy: Policy, directory: str | os.PathLike) -> Path:
         directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
     )
     atomic_write_text(directory / SPEC_FILE, yaml.safe_dump(policy.spec.to_dict(), sort_keys=False))
-    cfg = dataclasses.replace(policy.config, checkpoint=None)
+    cfg, relative = _relative_paths(dataclasses.replace(policy.config, checkpoint=None), directory)
+    if relative:
+        atomic_write_text(directory / PATHS_FILE, yaml.safe_dump({_RELATIVE_KEY: relative}))
+    else:  # a checkpoint written over: its old list would reinterpret this config's paths
+        (directory / PATHS_FILE).unlink(missing_ok=True)
     atomic_write_text(directory / CONFIG_FILE, to_yaml(cfg))
     return directory
+
+
+def run_root(directory: str | os.PathLike) -> Optional[Path]:
+    """The run directory a checkpoint directory is part of (symlinks resolved), by the layouts
+    that write checkpoints, or None for a directory elsewhere:
+
+    * ``RUN/checkpoints/NAME/policy`` (:mod:`rlinf_embodied.checkpoint`): ``RUN``; when ``RUN`` is
+      an SFT -> RL pipeline's RL stage ``PIPE/rl`` (``PIPE/sft`` exists), ``PIPE``, whose
+      ``sft/`` the RL run starts from;
+    * ``PIPE/sft/NAME`` (the SFT stage's ``sft/policy``): ``PIPE``.
+    """
+    d = Path(directory).resolve()
+    if d.parent.name == "sft":
+        return d.parent.parent
+    if d.parent.parent.name == "checkpoints":
+        run = d.parents[2]
+        return run.parent if run.name == "rl" and (run.parent / "sft").is_dir() else run
+    return None
+
+
+def _relative_paths(cfg: PolicyConfig, directory: Path) -> tuple[PolicyConfig, list[str]]:
+    """``cfg`` with its :data:`PATH_FIELDS` that lie inside :func:`run_root` of ``directory``
+    made relative to ``directory``, and the names of those fields."""
+    root = run_root(directory)
+    if root is None:
+        return cfg, []
+    here, moved = directory.resolve(), {}
+    for key in PATH_FIELDS:
+        value = getattr(cfg, key, None)
+        target = Path(value).resolve() if value else None  # a relative one: the working dir's
+        if target is not None and target.is_relative_to(root):
+            moved[key] = os.path.relpath(target, here)
+    return (dataclasses.replace(cfg, **moved) if moved else cfg), sorted(moved)
 
 
 def _policy_dir_hint(directory: Path) -> str:
@@ -192,7 +253,27 @@ def _read_meta(directory: Path, expected_type: str | None) -> tuple[PolicyConfig
     except ConfigError as e:
         raise PolicyCheckpointError(f"Cannot read {cfg_path}: {e}") from None
     spec = SpaceSpec.from_dict(yaml.safe_load(spec_path.read_text()) or {})
-    return cfg, spec
+    return _resolve_paths(cfg, directory), spec
+
+
+def _relative_fields(directory: Path) -> list[str]:
+    """The fields ``paths.yaml`` of ``directory`` lists as relative to it ([] without one)."""
+    path = directory / PATHS_FILE
+    if not path.is_file():
+        return []
+    listed = (yaml.safe_load(path.read_text()) or {}).get(_RELATIVE_KEY) or []
+    return [k for k in listed if k in PATH_FIELDS]
+
+
+def _resolve_paths(cfg: PolicyConfig, directory: Path) -> PolicyConfig:
+    """``cfg`` read from ``directory`` with the fields that ``paths.yaml`` lists resolved
+    against ``directory`` (absolute; an absolute value stays as it is)."""
+    base, resolved = directory.resolve(), {}
+    for key in _relative_fields(directory):
+        value = getattr(cfg, key, None)
+        if value:
+            resolved[key] = os.path.normpath(base / value)
+    return dataclasses.replace(cfg, **resolved) if resolved else cfg
 
 
 def check_checkpoint(directory: str | os.PathLike, expected_type: str | None = None) -> None:
@@ -238,7 +319,8 @@ def load_policy(
     expected_type: str | None = None,
     map_location: str | torch.device = "cpu",
 ) -> Policy:
-    """Rebuild a policy saved by :func:`save_policy` (its own config and spec).
+    """Rebuild a policy saved by :func:`save_policy` (its own config and spec; the path fields
+    that ``paths.yaml`` lists are resolved against ``directory``).
 
     Args:
         directory: checkpoint directory.
@@ -250,10 +332,18 @@ def load_policy(
 
     Raises:
         PolicyCheckpointError: for a missing file, a type other than ``expected_type`` (the
-            message names both types), or weights that do not fit the saved config.
+            message names both types), a path relative to the checkpoint that leads nowhere
+            (moved without its run), or weights that do not fit the saved config.
     """
     directory = Path(directory)
     cfg, spec = _read_meta(directory, expected_type)
+    for key in _relative_fields(directory):
+        value = getattr(cfg, key, None)
+        if value and not Path(value).exists():
+            raise PolicyCheckpointError(
+                f"{directory} names policy.{key} relative to itself, as a file of its run "
+                f"directory, but {value} does not exist: the checkpoint was moved or copied "
+                f"without its run directory; move the whole run, or put that directory back.")
     policy = policy_class(cfg.type)(cfg, spec)
     _load_weights(policy, directory, cfg)
     return policy.to(map_location)

@@ -195,6 +195,26 @@ def _warn(msg: str) -> None:
     typer.secho(f"warning: {msg}", fg=typer.colors.YELLOW, err=True)
 
 
+def _rebased(cfg, recorded: Path, run_dir: Path):
+    """``cfg`` of the SFT -> RL pipeline's RL run now in ``run_dir`` (``<run>/rl`` beside
+    ``<run>/sft``) whose config.yaml was written in ``recorded`` (its ``run.run_dir()``, which
+    the pipeline sets to where the RL run is): after the pipeline's run directory was moved or
+    copied, its policy paths into the old one point into ``run_dir.parent`` (its own SFT
+    checkpoint, as ``finetune --resume`` does) and ``run.dir`` is ``run_dir`` (absolute), so the
+    config.yaml the resumed run writes records where it is now. Any other run: ``cfg`` as it
+    is (a ``train`` run's config.yaml names the directory its config asked for, not the
+    ``_1``-suffixed one it may have got, so its paths are not rebased on that guess)."""
+    import dataclasses
+
+    from rlinf_embodied.runners.setup import rebase_policy_paths
+
+    if not (recorded.name == run_dir.name == "rl" and (run_dir.parent / "sft").is_dir()
+            and recorded.resolve() != run_dir.resolve()):
+        return cfg
+    cfg = rebase_policy_paths(cfg, recorded.parent, run_dir.parent)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir.resolve())))
+
+
 def _resume_config(config: Optional[str], overrides: List[str], resume: str):
     """(config, run directory, checkpoint) of ``train --resume``; None as the checkpoint when
     the run has already finished (after saying so).
@@ -241,10 +261,12 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"in {run_dir}); drop the override, or copy the run first (cp -r {run_dir} NEW) and "
             f"resume the copy."
         )
+    recorded = Path(saved.run.run_dir())  # a copied or moved pipeline goes on from its own SFT
+    cfg, saved = _rebased(cfg, recorded, run_dir), _rebased(saved, recorded, run_dir)
     if config:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigWarning)
-            given = load_config(config, overrides)
+            given = _rebased(load_config(config, overrides), recorded, run_dir)
         # where the run lives may differ; what it does (run.seed included) may not
         skip = ("run.name", "run.output_dir", "run.dir") + (
             ("trainer.pipeline_stages",) if given.placement == "auto" else ())
