@@ -123,25 +123,35 @@ def spec_problems(have: Any, env: Mapping[str, Any]) -> List[str]:
     return problems
 
 
-def training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
+def _task_flag(env: Mapping[str, Any]) -> str:
+    """``--suite SUITE`` or ``--task ENV_ID`` of a run's env settings ("" with neither)."""
+    for key, flag in (("suite", "--suite"), ("env_id", "--task")):
+        if env.get(key):
+            return f"{flag} {env[key]}"
+    return ""
+
+
+def training_env_hint(ckpt: Path, env_type: Optional[str] = None,
+                      evaluated: Optional[Mapping[str, Any]] = None) -> str:
     """``": --env-override control_mode=... --env-override sensor_size=... --obs-mode ..."``
     (LIBERO: ``--image-size N``) from the env settings saved beside a checkpoint
     (:func:`~rlinf_embodied.eval.request.run_env_config`); "" without any. When the run's env
-    type is not ``env_type`` (the one evaluated), ``": --env TYPE --task ENV_ID"`` instead: the
-    other settings belong to that env type."""
+    type is not ``env_type`` (the one evaluated), ``": --env TYPE --task ENV_ID"`` (or
+    ``--suite``) instead: the other settings belong to that env type. When the type is the same
+    but the run's suite / task is not the evaluated one (``evaluated``: its ``suite`` and
+    ``env_id``), that flag comes first: the other settings are applied already."""
     from rlinf_embodied.eval.request import run_env_config
 
     env, _ = run_env_config(str(ckpt))
     trained = env.get("type")
     if trained and env_type and trained != env_type:
-        flags = [f"--env {trained}"]
-        for key, flag in (("suite", "--suite"), ("env_id", "--task")):
-            if env.get(key):
-                flags.append(f"{flag} {env[key]}")
-                break
-        return ": " + " ".join(flags)
-    flags = [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
-             if env.get(k) is not None]
+        return ": " + " ".join(f for f in (f"--env {trained}", _task_flag(env)) if f)
+    flags = []
+    if evaluated is not None and _task_flag(env) and _task_flag(env) != _task_flag(evaluated):
+        flags.append(_task_flag(env) + (" (without --suite)" if env.get("env_id") and
+                                        evaluated.get("suite") else ""))
+    flags += [f"--env-override {k}={env[k]}" for k in ("control_mode", "sensor_size")
+              if env.get(k) is not None]
     if env.get("image_size") is not None:  # LIBERO: the protocol's size unless --image-size
         flags.append(f"--image-size {env['image_size']}")
     if env.get("obs_mode"):
@@ -150,13 +160,15 @@ def training_env_hint(ckpt: Path, env_type: Optional[str] = None) -> str:
 
 
 def mismatch_error(ckpt: Path, policy_type: Any, problems: List[str],
-                   env_type: Optional[str]) -> PolicySourceError:
+                   env_type: Optional[str], evaluated: Optional[Mapping[str, Any]] = None
+                   ) -> PolicySourceError:
     """The one-line refusal of a checkpoint that does not match the env: what differs and the
-    flags of the env it was trained on (:func:`training_env_hint`)."""
+    flags of the env it was trained on (:func:`training_env_hint`; ``evaluated``: the suite
+    and env id evaluated)."""
     return PolicySourceError(
         f"Checkpoint {ckpt} ({policy_type} policy) does not match this env: it was built for "
         f"{', '.join(problems)}. Evaluate it on the env and obs mode it was trained on"
-        f"{training_env_hint(ckpt, env_type)}."
+        f"{training_env_hint(ckpt, env_type, evaluated)}."
     )
 
 
@@ -203,7 +215,8 @@ def check_policy_fits(source: str, env_cfg: Any, env_type: Optional[str],
         return  # an unreadable spec: loading the policy says what is wrong with it
     problems = spec_problems(have, predicted_env_shapes(env_cfg))
     if problems:
-        raise mismatch_error(ckpt, saved_type, problems, env_type)
+        raise mismatch_error(ckpt, saved_type, problems, env_type,
+                             {k: getattr(env_cfg, k, None) for k in ("suite", "env_id")})
 
 
 def type_error(ckpt: Path, e: Any) -> PolicySourceError:

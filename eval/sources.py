@@ -293,7 +293,8 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
     problems = spec_problems(have, {"action_dim": want.action_dim, "discrete": want.discrete,
                                     "states": (want.state_dim,), "main_images": want.image_shape})
     if problems:
-        raise mismatch_error(ckpt, policy.config.type, problems, ctx.env)
+        raise mismatch_error(ckpt, policy.config.type, problems, ctx.env,
+                             {"suite": ctx.suite, "env_id": ctx.env_id})
     which_run, iteration = None, None
     if (path / "checkpoints").is_dir():  # a run directory: say which of its checkpoints
         which_run = which

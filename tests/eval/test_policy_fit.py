@@ -125,3 +125,25 @@ def test_predicted_env_shapes():
     assert predicted_env_shapes(ManiSkillEnvConfig(suite="maniskill_lang3", obs_mode="rgb",
                                                    sensor_size=64)) == {
         "main_images": (64, 64, 3), "states": (8,)}
+
+
+def test_a_run_of_another_task_is_pointed_at_its_task(tmp_path):
+    """Same env type, another task or suite: the hint names the run's task first (its control
+    mode and obs mode are applied already, so repeating only them would not fix anything)."""
+    from rlinf_embodied.eval.policy_fit import training_env_hint
+
+    run = _run(tmp_path, "{type: maniskill, env_id: PushCube-v1, obs_mode: state, "
+                         "control_mode: pd_joint_delta_pos}",
+               dict(action_low=[-1.0] * 8, action_high=[1.0] * 8, state_dim=35))
+    with pytest.raises(PolicySourceError) as e:  # the suite's 8-dim states: known before the env
+        evaluate(_req(tmp_path, run, env="maniskill", suite="maniskill_lang3", tasks=[0]))
+    assert str(e.value).endswith(
+        "built for state dim 35 (env: 8). Evaluate it on the env and obs mode it was trained on: "
+        "--task PushCube-v1 (without --suite) --env-override control_mode=pd_joint_delta_pos "
+        "--obs-mode state.")
+    ckpt = run / "checkpoints" / "iter_000001" / "policy"
+    # another task of the same env type (its state dim is known once the env is built)
+    assert training_env_hint(ckpt, "maniskill", {"suite": None, "env_id": "PickCube-v1"}) == (
+        ": --task PushCube-v1 --env-override control_mode=pd_joint_delta_pos --obs-mode state")
+    assert training_env_hint(ckpt, "maniskill", {"suite": None, "env_id": "PushCube-v1"}) == (
+        ": --env-override control_mode=pd_joint_delta_pos --obs-mode state")
