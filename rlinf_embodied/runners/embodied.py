@@ -20,6 +20,7 @@ from rlinf_embodied.checkpoint import (
 )
 from rlinf_embodied.config import ConfigError, JobConfig, as_dict, save_config
 from rlinf_embodied.metrics import MetricLogger, last_time_s, plot_curves
+from rlinf_embodied.runners.branches import set_aside_after
 from rlinf_embodied.runners.budget import over_budget
 from rlinf_embodied.runners.restarts import (
     RANK_LOSS_ERRORS,
@@ -138,6 +139,11 @@ class EmbodiedRunner:
             self.saved = ckpt
             print(f"resuming from {ckpt} (iteration {self.state['iteration']}, "
                   f"{elapsed:.0f} s trained)")
+            later = set_aside_after(self.run_dir, self.state["iteration"])
+            if later:  # trained again now: their old records would mix two histories
+                print(f"warning: the run had gone on past iteration {self.state['iteration']}; "
+                      f"its records of those iterations ({', '.join(later)}) moved to "
+                      f"{self.run_dir / 'abandoned'}")
         self.restarts = 0
         """Restarts so far (``trainer.max_restarts``)."""
         self.ray_gone = False
