@@ -178,7 +178,8 @@ class RLStageConfig:
     tasks that have one (docs/vla_suite.md, "Measured")."""
     overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides of that job (they come last, after the settings the pipeline
-    passes on)."""
+    passes on). Given on the command line, ``rl.overrides=[...]`` adds to the file's list
+    (after it) rather than replacing it (:func:`~rlinf_embodied.sft.pipeline.load_sft_config`)."""
 
 
 @dataclass
