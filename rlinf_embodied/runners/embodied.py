@@ -258,6 +258,11 @@ class EmbodiedRunner:
         videos = cfg.eval.num_videos
         if t.eval_every and (evaluating or done):
             t_eval = time.time()
+            if cfg.logging.console:  # the iteration's line comes after it: say what runs now
+                filming = f" and filming {videos}" if done and videos else ""
+                last = f" (the last one took {self._eval_s:.0f} s)" if self._eval_s else ""
+                print(f"iteration {self.state['iteration']}: evaluating {cfg.eval.num_episodes} "
+                      f"episodes{filming}{last} ...", flush=True)
             m.update(self.evaluate(self.state["iteration"], videos=videos if done else 0))
             self._eval_s = time.time() - t_eval
             if not done and t.target_success is not None and m["eval/success_once"] >= t.target_success:

@@ -104,6 +104,8 @@ def test_double_sigint_saves_and_resumes(tmp_path):
     done = _run(cmd)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resuming from {run_dir / 'checkpoints' / latest}" in done.stdout
+    # the final evaluation (and its videos) is said before it runs, not after
+    assert f"iteration {state['iteration'] + 1}: evaluating " in done.stdout, done.stdout
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{state['iteration'] + 1:06d}"
     again = _run(cmd)
     assert again.returncode == 0 and "has finished" in again.stdout, again.stdout + again.stderr
