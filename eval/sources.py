@@ -60,7 +60,6 @@ from rlinf_embodied.eval.policy_fit import (
     type_error,
     vla_kind,
 )
-from rlinf_embodied.eval.policy_fit import training_env_hint as _training_env_hint  # noqa: F401
 
 __all__ = ["PolicyContext", "LoadedPolicy", "resolve_policy", "oft_layout"]
 

@@ -159,7 +159,7 @@ def test_checkpoint_type_and_env_mismatch(tmp_path):
 
 
 def test_mismatch_hint_names_the_run_s_env(tmp_path):
-    from rlinf_embodied.eval.sources import _training_env_hint
+    from rlinf_embodied.eval.policy_fit import training_env_hint as _training_env_hint
 
     ckpt = tmp_path / "run" / "checkpoints" / "iter_1"
     ckpt.mkdir(parents=True)
