@@ -48,7 +48,7 @@ def check_policy_paths(cfg: JobConfig) -> None:
 
 
 def rebase_policy_paths(cfg: JobConfig, old_root: str | Path, new_root: str | Path) -> JobConfig:
-    """``cfg`` with each of ``policy.checkpoint`` / ``policy.pretrained`` that lies inside
+    """``cfg`` with each of ``policy.checkpoint`` / ``pretrained`` / ``tokenizer`` (π0) that lies inside
     ``old_root`` (as written, or with symlinks resolved) moved to the same place inside
     ``new_root``; a path outside ``old_root`` stays as it is.
 
@@ -58,7 +58,7 @@ def rebase_policy_paths(cfg: JobConfig, old_root: str | Path, new_root: str | Pa
     An absolute path stays absolute (``new_root`` resolved), a relative one relative.
     """
     old, new, moved = Path(old_root), Path(new_root), {}
-    for key in ("checkpoint", "pretrained"):
+    for key in ("checkpoint", "pretrained", "tokenizer"):
         value = getattr(cfg.policy, key, None)
         for root in (old, old.resolve()) if value else ():
             if Path(value).is_absolute() != root.is_absolute():
