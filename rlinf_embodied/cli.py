@@ -249,8 +249,12 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
 
     from rlinf_embodied.config import ConfigWarning
 
-    cfg = load_config(run_dir / "config.yaml", overrides)  # first: a bad override is the one line
-    with warnings.catch_warnings():  # warned once above, for the config that runs
+    # first: a bad override is the one line; its config warnings are said once the resume is
+    # accepted (a refused one ends in its error line alone)
+    with warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("always", ConfigWarning)
+        cfg = load_config(run_dir / "config.yaml", overrides)
+    with warnings.catch_warnings():  # warned once, for the config that runs
         warnings.simplefilter("ignore", ConfigWarning)
         saved = load_config(run_dir / "config.yaml")
     moved = [f"run.{k}={getattr(cfg.run, k)}" for k in ("name", "dir", "output_dir")
@@ -295,6 +299,8 @@ def _resume_config(config: Optional[str], overrides: List[str], resume: str):
             f"change on resume, the checkpoint holds weights of the run's policy; drop the "
             f"policy.* override, or start a new run without --resume."
         )
+    for w in held:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if done >= cfg.trainer.iterations:
         typer.echo(f"run {run_dir} has finished: checkpoint {ckpt.name} is iteration {done} of "
                    f"trainer.iterations={cfg.trainer.iterations}; nothing to do. To train "

@@ -415,6 +415,24 @@ def test_resume_with_no_loadable_checkpoint_is_an_error(tmp_path):
     assert r.exit_code == 2 and "no complete checkpoint" in r.output, r.output
 
 
+def test_a_refused_resume_is_its_error_line_alone(tmp_path):
+    # a warning about the run's own config (a hold ramp after its last iteration) is said when
+    # the resume goes ahead, not before the error line of a refused one (fresh-user trial)
+    from rlinf_embodied.config import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="starts after the run's last iteration"):
+        run = _fake_run(tmp_path, [3], config_overrides=[
+            "trainer.iterations=3", "env.success_hold_steps=5", "env.success_hold_ramp=[5,9]"])
+    other = str(ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml")
+    r = runner.invoke(app, ["train", other, "--resume", str(run)])
+    assert r.exit_code == 2 and "is not the config of run" in r.output, r.output
+    assert "warning:" not in r.output and "success_hold_ramp" not in r.output, r.output
+    r = runner.invoke(app, ["train", "--resume", str(run)])  # accepted: finished, warned
+    assert r.exit_code == 0 and "has finished" in r.output, r.output
+    assert r.output.count("warning:") == 1, r.output  # once, though the config is read twice
+    assert "warning: env.success_hold_ramp=[5, 9] starts after the run's last iteration" in r.output
+
+
 def test_resume_with_another_config_is_an_error(tmp_path):
     run = _fake_run(tmp_path, [30])
     other = str(ROOT / "configs" / "maniskill_pushcube_ppo_mlp.yaml")
@@ -898,7 +916,10 @@ def test_resume_warns_once_for_the_config_that_runs_and_not_before_an_error(tmp_
     assert r.exit_code == 2 and "warning" not in r.output.lower(), r.output
     assert r.output.strip().count("\n") == 0 and "Wrong type for config key 'trainer.lr'" in r.output
     r = runner.invoke(app, ["train", "--resume", str(run), "trainer.iterations=12"])
-    assert r.output.count("warning:") == 1 and "(trainer.iterations=12)" in r.output, r.output
+    # no checkpoint: refused, in its error line alone (the warning is said when a resume goes
+    # ahead: test_a_refused_resume_is_its_error_line_alone)
+    assert r.exit_code == 2 and "no complete checkpoint" in r.output, r.output
+    assert "warning:" not in r.output, r.output
 
 
 def test_a_second_ctrl_c_after_the_final_checkpoint_is_no_abort():
