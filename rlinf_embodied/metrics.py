@@ -145,11 +145,19 @@ class MetricLogger:
 
 def read_history(run_dir: str | Path, events: bool = False) -> List[dict]:
     """Records of ``run_dir/metrics.jsonl`` (one dict per logged iteration); ``events`` keeps
-    the event rows (restarts) too."""
+    the event rows (restarts) too. A line that is no JSON object (the last one, cut by a kill
+    while it was written) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
     return rows if events else [r for r in rows if "event" not in r]
 
 

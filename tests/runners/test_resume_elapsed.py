@@ -39,3 +39,14 @@ def test_a_checkpoint_gives_its_elapsed_seconds_or_else_the_history_s(tmp_path):
     state, elapsed = read_state(tmp_path / "checkpoints" / "iter_000003", tmp_path)
     assert state == {"iteration": 2, "env_steps": 80} and elapsed == 41.0
     assert last_time_s(tmp_path, 0) == 0.0 and last_time_s(tmp_path / "none", 5) == 0.0
+
+
+def test_history_skips_a_line_cut_by_a_kill(tmp_path):
+    from rlinf_embodied.metrics import last_time_s, read_history
+
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1, "time_s": 4.5}\n'
+                                            '{"event": "restart", "iteration": 1, "time_s": 5.0}\n'
+                                            '{"iteration": 2, "time_')
+    assert [r["iteration"] for r in read_history(tmp_path)] == [1]
+    assert len(read_history(tmp_path, events=True)) == 2
+    assert last_time_s(tmp_path, 5) == 4.5
