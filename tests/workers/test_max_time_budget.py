@@ -44,11 +44,14 @@ class _Groups:
 
 
 class _Log:
-    def __init__(self):
-        self.rows = []
+    def __init__(self, clock):
+        self.rows, self.clock = [], clock
 
     def log(self, m, env_steps, iteration):
         self.rows.append(iteration)
+
+    def elapsed(self):  # MetricLogger's: the run's seconds (here from the fake clock's 0)
+        return self.clock.now
 
 
 def _runner(monkeypatch, tmp_path, eval_every: int):
@@ -58,7 +61,7 @@ def _runner(monkeypatch, tmp_path, eval_every: int):
         "trainer.iterations=100", "trainer.max_time_s=100", f"trainer.eval_every={eval_every}",
         "trainer.save_every=0"])
     r = embodied.EmbodiedRunner.__new__(embodied.EmbodiedRunner)
-    r.cfg, r.run_dir, r.g, r.log = cfg, tmp_path, _Groups(), _Log()
+    r.cfg, r.run_dir, r.g, r.log = cfg, tmp_path, _Groups(), _Log(clock)
     r.state, r._eval_s, r.evaluated = {"iteration": 0, "env_steps": 0}, 0.0, []
 
     def rollout_and_train(it, m):
