@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-__all__ = ["MetricLogger", "last_time_s", "plot_curves"]
+__all__ = ["MetricLogger", "last_time_s", "parse_row", "plot_curves"]
 
 
 class MetricLogger:
@@ -150,15 +150,18 @@ def read_history(run_dir: str | Path, events: bool = False) -> List[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line) if line.strip() else None
-        except ValueError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
+    rows = [r for r in map(parse_row, path.read_text().splitlines()) if r is not None]
     return rows if events else [r for r in rows if "event" not in r]
+
+
+def parse_row(line: str) -> Optional[dict]:
+    """One ``metrics.jsonl`` line as a dict; None for a blank line or one that is no JSON
+    object (cut by a kill while it was written)."""
+    try:
+        row = json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def last_time_s(run_dir: str | Path, iteration: int) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List
 
 from rlinf_embodied.checkpoint import atomic_write_text
+from rlinf_embodied.metrics import parse_row
 
 __all__ = ["set_aside_after"]
 
@@ -59,10 +60,8 @@ def set_aside_after(run_dir: str | os.PathLike, iteration: int) -> List[str]:
         for line in metrics.read_text().splitlines():
             if not line.strip():
                 continue
-            try:
-                it = json.loads(line).get("iteration", 0)
-            except (ValueError, AttributeError):
-                it = None
+            row = parse_row(line)
+            it = row.get("iteration", 0) if row is not None else None
             if isinstance(it, int) and it <= iteration:
                 keep.append(line)
             else:
