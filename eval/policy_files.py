@@ -3,7 +3,7 @@
 Resolution only, no model is built here: :func:`find_checkpoint` picks the ``save_policy``
 directory of a checkpoint or training run directory (its ``latest`` or ``best`` checkpoint),
 :func:`vla_type` and :func:`choose_unnorm_key` read a published OpenVLA / OpenVLA-OFT /
-π0 directory, :func:`hash_files` fingerprints what was loaded. :mod:`rlinf_embodied.eval.sources`
+π0 directory, :func:`hash_files` and :func:`hash_policy` fingerprint what was loaded. :mod:`rlinf_embodied.eval.sources`
 builds the policy from them.
 """
 
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
-__all__ = ["PolicySourceError", "hash_files", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+__all__ = ["PolicySourceError", "hash_files", "hash_policy", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
            "choose_unnorm_key", "names_callable", "importable_from_cwd", "import_failure",
            "unimportable_module"]
 
@@ -41,6 +41,33 @@ def hash_files(root: Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+def hash_policy(checkpoint: Path, config: Any) -> str:
+    """sha256 of what a ``save_policy`` checkpoint loads: its own files and, when its config
+    names them, the directories of its path fields (``pretrained``, ``tokenizer``: a VLA's
+    SFT weights, tokenizer and normalisation statistics, which the checkpoint reads at load).
+
+    A checkpoint that names no such directory outside itself hashes as :func:`hash_files` of
+    it (the hash earlier results recorded), so that ``eval --resume`` still matches them.
+
+    Raises:
+        PolicySourceError: if ``checkpoint`` holds no files.
+    """
+    from rlinf_embodied.policies.registry import PATH_FIELDS
+
+    own = hash_files(checkpoint)
+    root = Path(checkpoint).resolve()
+    extra = []
+    for key in PATH_FIELDS:
+        value = getattr(config, key, None)
+        target = Path(value).expanduser().resolve() if value else None
+        if target is not None and target.is_dir() and not target.is_relative_to(root) \
+                and any(p.is_file() for p in target.rglob("*")):
+            extra.append(f"{key}:{hash_files(target)}")
+    if not extra:
+        return own
+    return hashlib.sha256("\n".join([own, *extra]).encode()).hexdigest()
 
 
 RUN_CHECKPOINTS = ("latest", "best")

@@ -48,6 +48,7 @@ from rlinf_embodied.eval.policy_files import (
     choose_unnorm_key,
     find_checkpoint,
     hash_files,
+    hash_policy,
     import_failure,
     importable_from_cwd,
     missing_source,
@@ -107,7 +108,8 @@ class LoadedPolicy:
             :func:`~rlinf_embodied.eval.acting.episode_seed`).
         source: the SOURCE string as given.
         kind: ``random``, ``callable``, ``checkpoint``, ``openvla`` or ``openvla_oft``.
-        sha256: hash of the checkpoint files / factory source (hex).
+        sha256: hash of the checkpoint files and the directories its config reads (``pretrained``,
+            ``tokenizer``; :func:`~rlinf_embodied.eval.policy_files.hash_policy`) / factory source (hex).
         path: resolved checkpoint directory, if any.
         needs_images: whether the policy reads ``main_images`` (False only when known).
         execution: what one query executes when known before running: ``head`` type,
@@ -301,7 +303,8 @@ def _load_checkpoint(path: Path, source: str, ctx: PolicyContext,
                       if (d / "runner_state.json").is_file()), None)
         if state is not None:
             iteration = json.loads(state.read_text()).get("iteration")
-    return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, "checkpoint", hash_files(ckpt), str(ckpt),
+    return LoadedPolicy(policy_act(policy, *_mode_of(ctx)), source, "checkpoint",
+                        hash_policy(ckpt, policy.config), str(ckpt),
                         needs_images=have.image_shape is not None, execution=_execution(policy),
                         checkpoint=which_run, iteration=iteration,
                         batch_invariant=ctx.batch_invariant)
