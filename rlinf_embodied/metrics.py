@@ -7,7 +7,9 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["MetricLogger", "last_time_s", "parse_row", "plot_curves"]
 
@@ -102,6 +104,16 @@ class MetricLogger:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+
+    def with_file_closed(self, edit: Callable[[], T]) -> T:
+        """``edit()`` with ``metrics.jsonl`` closed (it may rewrite the file, e.g.
+        :func:`~rlinf_embodied.runners.branches.set_aside_after`), then the file reopened for
+        appending. Returns what ``edit`` returns."""
+        self._jsonl.close()
+        try:
+            return edit()
+        finally:
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
 
     def elapsed(self) -> float:
         """Seconds the run has trained: since this logger started, plus its ``elapsed_s``."""

@@ -72,8 +72,10 @@ def set_aside_after(run_dir: str | os.PathLike, iteration: int) -> List[str]:
             dest.mkdir(parents=True, exist_ok=True)
             atomic_write_text(dest / "metrics.jsonl", "\n".join(later) + "\n")
             atomic_write_text(metrics, "".join(f"{ln}\n" for ln in keep))
-            span = f" (iterations {min(later_its)}-{max(later_its)})" if later_its else ""
-            moved.append(f"{len(later)} metrics.jsonl rows{span}")
+            lo, hi = (min(later_its), max(later_its)) if later_its else (None, None)
+            span = ("" if lo is None else f" (iteration {lo})" if lo == hi
+                    else f" (iterations {lo}-{hi})")
+            moved.append(f"{len(later)} metrics.jsonl row{'' if len(later) == 1 else 's'}{span}")
     evals = sorted(p for p in (run / "eval").glob("iter_*.json")
                    if (_iteration_of(p) or 0) > iteration)
     latest = run / "eval" / "latest.json"

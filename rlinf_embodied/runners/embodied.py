@@ -285,7 +285,9 @@ class EmbodiedRunner:
         """After a failed iteration: when ranks of the placed groups are lost, stop the groups
         and start them again from the newest complete checkpoint on the reserved capacity
         there is (waiting up to ``trainer.restart_wait_s`` for the devices they had). Logged
-        to the console and as a ``restart`` event row in ``metrics.jsonl``.
+        to the console and as a ``restart`` event row in ``metrics.jsonl``; the records of
+        the iterations that run again (after the checkpoint) are set aside as a resume sets
+        them aside (:func:`~rlinf_embodied.runners.branches.set_aside_after`).
 
         Raises:
             err: when no rank is lost (the failure is not a lost process: a bug).
@@ -320,6 +322,12 @@ class EmbodiedRunner:
                  f"iterations {state['iteration'] + 1}-{reached + 1} run again")
         print(f"restart {self.restarts}/{t.max_restarts}: {what} ({type(err).__name__}); "
               f"restarting the placed groups from {since}: {again}", flush=True)
+        if reached > state["iteration"]:  # as a resume does: one history, not two
+            later = self.log.with_file_closed(lambda: set_aside_after(self.run_dir, state["iteration"]))
+            if later:
+                print(f"restart {self.restarts}/{t.max_restarts}: the records of the iterations "
+                      f"run again ({', '.join(later)}) moved to {self.run_dir / 'abandoned'}",
+                      flush=True)
         wanted = group_ranks(g.plan, g.cluster.num_devices)
         g.shutdown(keep_cluster=True, close_timeout=5.0)
         t_wait = time.monotonic()
