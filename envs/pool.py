@@ -18,8 +18,8 @@ Failure handling (never a silent hang, never a lost episode result):
   call, whose episodes the vector env ends as truncated with ``info["env_error"]``) and
   :attr:`StepResult.lost_ids` (its other envs, reported on their next step);
 * a failed reset is retried once on the replacement, then raises :class:`EnvError`;
-* a worker whose steps fail ``max_step_failures`` times in a row (default
-  :data:`MAX_STEP_FAILURES`; no successful step in between, resets do not count) raises
+* a worker whose steps fail ``max_step_failures`` times in a row (``env.max_step_failures``,
+  default :data:`MAX_STEP_FAILURES`; no successful step in between, resets do not count) raises
   :class:`EnvError`: its env fails persistently, and the run would otherwise go on training on
   nothing but episodes cut short by the error;
 * every failure is logged (a ``logging`` warning: the worker's traceback at its first failure,
@@ -495,7 +495,7 @@ class ProcessPool:
         if broken:
             w, message = broken[0]
             raise EnvError(
-                f"{w.label} failed {w.step_failures} steps in a row, restarted after each "
+                f"{w.label} failed {w.step_failures} steps in a row (env.max_step_failures), restarted after each "
                 f"(last: {w.why(message)} in its {cmd}): the env fails persistently, and training "
                 f"on episodes cut short by it learns nothing; fix the env (the first failure's "
                 f"traceback is logged above), then resume or start the run again"

@@ -94,6 +94,7 @@ class VectorBatchedEnv(BatchedEnv):
                 reset_timeout_s=cfg.reset_timeout_s,
                 startup_timeout_s=cfg.startup_timeout_s,
                 num_threads=cfg.threads_per_process,
+                max_step_failures=cfg.max_step_failures,
             )
         self._closed = False
         self.spec = self._backend.spec

@@ -172,6 +172,7 @@ def test_every_config_field_is_read():
     ("run.name=a/b", "run.name must be one directory name"),
     ("cluster.num_cpu_devices=0", "cluster.num_cpu_devices"),
     ("env.step_timeout_s=0", "env.step_timeout_s"),
+    ("env.max_step_failures=0", "env.max_step_failures must be >= 1"),
     ("env.control_mode='", "Cannot parse override \"env.control_mode='\""),
     ("policy.hidden_sizes={a: 1}", "expected a list of int, got {a: 1} (mapping)"),
     ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints must be >= 0, 0 = keep all"),

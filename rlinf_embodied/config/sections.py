@@ -129,6 +129,11 @@ class EnvConfig:
     step_timeout_s: float = 60.0
     """Seconds a pool worker may take for one step of its envs; past it the worker is killed and
     restarted and its envs' episodes end as truncated with ``info["env_error"]``."""
+    max_step_failures: int = 3
+    """Failed steps of one pool worker in a row (no successful step between) after which the
+    run stops with an error naming the env: its env fails persistently, and every failed step
+    ends its envs' episodes as truncated, so training would go on from episodes cut short by
+    the error. 1 stops at the first failure; a larger value rides out a flaky simulator."""
     reset_timeout_s: float = 120.0
     """Seconds a pool worker may take to reset its envs (LIBERO hard resets take 0.5-5 s each on
     a CPU core); a failed reset is retried once on a restarted worker, then raises."""
@@ -217,6 +222,9 @@ class EnvConfig:
         for key in ("step_timeout_s", "reset_timeout_s", "startup_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"env.{key} must be > 0 seconds (got {getattr(self, key)}).")
+        if self.max_step_failures < 1:
+            raise ConfigError(f"env.max_step_failures must be >= 1 (got {self.max_step_failures}); "
+                              "1 stops the run at an env worker's first failed step.")
         if self.threads_per_process < 1:
             raise ConfigError(
                 f"env.threads_per_process must be >= 1 (got {self.threads_per_process})."

@@ -112,28 +112,32 @@ def test_lost_envs_of_a_partial_reset_are_reported(no_leaked_children):
     env.close()
 
 
-def test_env_that_cannot_step_raises_after_max_step_failures(no_leaked_children, caplog):
-    """Every step raises (tests/plugins/failing_env.py): the first MAX_STEP_FAILURES - 1
-    failures end the episodes as env errors, as any failure does; the next one raises, naming
-    the error. The traceback is logged once, each later failure in one line."""
+@pytest.mark.parametrize("limit", [None, 1])
+def test_env_that_cannot_step_raises_after_max_step_failures(no_leaked_children, caplog, limit):
+    """Every step raises (tests/plugins/failing_env.py): the first env.max_step_failures - 1
+    (default MAX_STEP_FAILURES) failures end the episodes as env errors, as any failure does;
+    the next one raises, naming the error. The traceback is logged once, each later failure in
+    one line. ``env.max_step_failures=1`` raises at the first failure: no episode cut short."""
+    extra = {} if limit is None else {"max_step_failures": limit}
+    limit = MAX_STEP_FAILURES if limit is None else limit
     env = make_env(GymEnvConfig(env_id="tests.plugins.failing_env:SingularStepEnv", num_envs=2,
-                                vectorization="async", num_processes=1))
+                                vectorization="async", num_processes=1, **extra))
     env.reset(seed=0)
     tolerated = 0
     try:
         with caplog.at_level("WARNING", logger="rlinf_embodied.envs.pool"):
             with pytest.raises(EnvError, match=rf"env worker 0 \(envs 0..1\) failed "
-                               rf"{MAX_STEP_FAILURES} steps in a row.*numpy.linalg.LinAlgError: "
+                               rf"{limit} steps in a row.*numpy.linalg.LinAlgError: "
                                r"Singular matrix in its step.*fix the env") as raised:
-                for _ in range(4 * MAX_STEP_FAILURES):  # each failed step, then an autoreset
+                for _ in range(4 * limit):  # each failed step, then an autoreset
                     *_, info = env.step(np.zeros((2, 1)))
                     tolerated += int(info["env_error"].sum())
     finally:
         env.close()
-    assert tolerated == 2 * (MAX_STEP_FAILURES - 1)
+    assert tolerated == 2 * (limit - 1)
     assert "\n" not in str(raised.value)  # the CLI's one line
     logged = [r.getMessage() for r in caplog.records]
-    assert len(logged) == MAX_STEP_FAILURES
+    assert len(logged) == limit
     assert "Traceback" in logged[0] and not any("Traceback" in m for m in logged[1:])
     assert all("\n" not in m and "failed again" in m for m in logged[1:]), logged
 
