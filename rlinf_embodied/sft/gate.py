@@ -156,7 +156,9 @@ def evaluate_checkpoint(checkpoint: str | Path, env_cfg: Any, output: str | Path
 def write_record(sft_dir: Path, evaluation: dict[str, Any], env_cfg: Any, eval_cfg: Any,
                  extra: dict[str, Any] | None = None) -> Path:
     """Write ``sft_dir/sft_record.json``: the SFT evaluation (with its env settings, protocol
-    and ``trials_per_task``, ``eval.episodes``) and the gate settings."""
+    and ``trials_per_task``, ``eval.episodes``) and the gate settings. Paths inside ``sft_dir``
+    (``policy``, a VLA's ``pretrained`` in ``extra``) are relative to it, so that a moved or
+    copied run's record names its own files."""
     record = {
         "policy": "policy",
         "evaluation": evaluation,

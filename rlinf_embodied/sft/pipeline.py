@@ -366,7 +366,7 @@ def run_vla_sft(cfg: SFTJobConfig, log=print) -> dict[str, Any]:
     ev["wall_s"] = time.perf_counter() - t0
     write_record(sft_dir, ev, e, cfg.eval, extra={"demos": [str(found[t]) for t in e.env_ids()],
                                                    "policy_type": cfg.policy.type,
-                                                   "pretrained": str(vla_dir),
+                                                   "pretrained": str(vla_dir.relative_to(Path(sft_dir).resolve())),
                                                    "num_demos": data.num_trajectories})
     per_task = ", ".join(f"{v['instruction']}: {v['rate']:.2f}" for v in ev["per_task"].values())
     log(f"sft: success {ev['rate']:.3f} (95% CI {ev['ci95'][0]:.3f}-{ev['ci95'][1]:.3f}); {per_task}")

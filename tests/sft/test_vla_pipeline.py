@@ -110,6 +110,9 @@ def test_sft_checkpoint_has_the_published_layout_and_demo_statistics(pipeline):
     env, src = run_env_config(str(cfg.run_dir() / "sft" / "policy"))
     assert src.name == "sft_record.json"
     assert env["control_mode"] == "pd_ee_delta_pose" and env["sensor_size"] == 32
+    # the record names the run's own files relative to it (a moved run's record stays right)
+    record = json.loads(src.read_text())
+    assert (record["policy"], record["pretrained"]) == ("policy", "vla")
 
 
 def test_evaluation_reports_tasks_and_the_executed_chunk(pipeline):
