@@ -65,6 +65,10 @@ class FlowVLAPolicyConfig(PolicyConfig):
     mean over all steps). Greedy mode always integrates the ODE without noise."""
     noise_level: float = 0.5
     """Flow-SDE noise scale a in sigma_t = a * sqrt(t / (1 - t)) (πRL: 0.5)."""
+    sde_step: Optional[int] = None
+    """Flow-SDE: the denoising step j (0 = the first, from t = 1, where the largest noise is
+    added and the chunk's motion is chosen) that is stochastic and scored in every sample; None
+    draws j uniformly per sample (πRL). The other N - 1 steps are the ODE's."""
     noise_std_min: float = 0.08
     """Flow-Noise: lower bound of the noise head's std, normalised action units (πRL: 0.08)."""
     noise_std_max: float = 0.16
@@ -136,6 +140,9 @@ class FlowVLAPolicyConfig(PolicyConfig):
                               f"(got {self.greedy_noise!r}).")
         if not self.initial_noise_gain > 0:
             raise ConfigError(f"policy.initial_noise_gain must be > 0 (got {self.initial_noise_gain}).")
+        if self.sde_step is not None and not 0 <= self.sde_step < self.num_steps:
+            raise ConfigError(f"policy.sde_step must be in 0..num_steps-1 = 0..{self.num_steps - 1} "
+                              f"(got {self.sde_step}); null draws the step uniformly.")
         if self.noise_level <= 0:
             raise ConfigError(f"policy.noise_level must be > 0 (got {self.noise_level}).")
         if not 0 < self.noise_std_min <= self.noise_std_max:

@@ -249,8 +249,11 @@ class FlowVLAPolicy(Policy):
         x0, dist = self._initial_noise(n, greedy), self._x0_dist(pre)
         if dist is not None:  # x_0 ~ N(mean, std^2): the same standard draw, moved and scaled
             x0 = dist[0] + dist[1] * x0
+        index = None  # Flow-SDE: drawn uniformly per sample
+        if method == "flow_sde" and self.config.sde_step is not None:
+            index = torch.full((n,), int(self.config.sde_step), dtype=torch.long, device=x0.device)
         res = denoise(self._velocity(pre), x0, self.config.num_steps, method,
-                      self.config.noise_level, self.noise_head, x0_dist=dist)
+                      self.config.noise_level, self.noise_head, index=index, x0_dist=dist)
         fi["chains"], fi["denoise_index"] = res.chain, res.index
         lp = self.to_granularity(self._crop(res.logprob))
         return ActionOutput(self.to_env(res.actions), lp, self._values(pre), fi)

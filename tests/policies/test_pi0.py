@@ -85,6 +85,20 @@ def test_flow_sde_only_the_chosen_step_is_stochastic():
         assert torch.allclose(chain[det, j + 1], ode[det], atol=1e-6)
         if (~det).any():
             assert not torch.allclose(chain[~det, j + 1], ode[~det], atol=1e-3)
+    # policy.sde_step fixes the stochastic step: step 0 for every sample, scored exactly
+    q = make("pi0", "flow_sde", sde_step=0)
+    torch.manual_seed(3)
+    out = q.act(make_obs(), "sample")
+    fi = out.forward_inputs
+    assert (fi["denoise_index"] == 0).all()
+    vel = q._velocity(q._prefix(fi))
+    for j in (1, 2):  # the later steps are the ODE's
+        v, _ = vel(fi["chains"][:, j], grid[j].expand(N))
+        assert torch.allclose(fi["chains"][:, j + 1], fi["chains"][:, j] - (grid[j] - grid[j + 1]) * v,
+                              atol=1e-6)
+    assert torch.equal(q.evaluate(fi).logprobs, out.logprobs)
+    with pytest.raises(ConfigError, match="policy.sde_step must be in 0..num_steps-1 = 0..2"):
+        Pi0PolicyConfig(num_steps=3, sde_step=3)
     g = time_grid(4)  # 1, 0.75, 0.5, 0.25, 0
     s = sde_sigmas(g, 0.5)  # a sqrt(t / (1 - t)); at t = 1 the denominator uses t_1 (RLinf)
     assert torch.allclose(s, torch.tensor([0.5 * 2.0, 0.5 * 3**0.5, 0.5, 0.5 * (1 / 3) ** 0.5]))
