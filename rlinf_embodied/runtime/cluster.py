@@ -9,10 +9,13 @@ groups never run there, only the elastic rollout workers, which survive losing t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 import ray
 
@@ -87,16 +90,28 @@ class Cluster:
             why = unreachable(address)
             if why is not None:  # ray.init retries an address nobody listens on for good
                 raise AttachError(why)
+            # An embedded Ray: a Ctrl-C is held while ray.init starts its processes (see
+            # _ctrl_c_held), then Ray is stopped and the Ctrl-C goes on.
+            held = _ctrl_c_held() if address is None else contextlib.nullcontext([])
             try:
-                ray.init(address=address or "local", **init_kwargs)
+                with held as interrupts:
+                    ray.init(address=address or "local", **init_kwargs)
             except Exception as exc:  # noqa: BLE001 - say how to attach, not only Ray's words
-                hint = attach_hint(exc, address)
-                if hint is None:
-                    raise
-                raise AttachError(hint) from exc
+                if not interrupts:  # (after a Ctrl-C, the Ctrl-C is what is reported)
+                    hint = attach_hint(exc, address)
+                    if hint is None:
+                        raise
+                    raise AttachError(hint) from exc
+            if interrupts:  # ray.shutdown knows every process ray.init started now
+                ray.shutdown()
+                _deliver(interrupts[0])
         self.num_cpu_devices = num_cpu_devices
         self.preemptible_resource = preemptible_resource
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:  # a Ctrl-C or no reserved node: stop the Ray this Cluster started
+            self.shutdown()
+            raise
 
     def refresh(self, exclude: Sequence[str] = ()) -> None:
         """Number the devices again from the nodes alive now, leaving out the node ids in
@@ -197,6 +212,60 @@ class Cluster:
         """Stop Ray if this Cluster started it; leave an attached or pre-existing Ray running."""
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[list]:
+    """Hold a SIGINT (Ctrl-C) that arrives in the ``with`` block, which starts an embedded Ray.
+
+    Why: ``ray.init`` starts the GCS, the raylet (which starts the dashboard and runtime-env
+    agents and idle workers), the log monitor, ...; but it records them (``ray.shutdown``'s
+    list, also run at exit) only once they are all up. A KeyboardInterrupt raised before that
+    loses the list: the GCS and the raylet die with this process (Ray starts them with
+    PR_SET_PDEATHSIG), the raylet's children do not, and they linger a minute or more
+    retrying the dead GCS (measured: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``
+    ~65 s after a Ctrl-C during ``train``'s start-up).
+
+    So while the block runs, SIGINT calls the handler that was installed (its message prints
+    at once: the CLI's "Ctrl-C: stopping before training started") but what it raises is
+    held; the yielded list receives it (None for SIG_DFL: the default action, re-delivered
+    by :func:`_deliver`). The caller shuts Ray down and then delivers it. The wait is
+    ``ray.init``'s own start-up (its waits time out). Outside the main thread, or with SIGINT
+    ignored or set outside Python, nothing is held. SIGTERM is not held: ``ray.init`` installs
+    its own SIGTERM handler first thing.
+    """
+    held: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    prev = signal.getsignal(signal.SIGINT)
+    if not (callable(prev) or prev == signal.SIG_DFL):
+        yield held
+        return
+
+    def hold(signum, frame) -> None:
+        if not callable(prev):
+            held.append(None)
+            return
+        try:
+            prev(signum, frame)  # a handler that only sets a flag has had its effect
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit: held
+            held.append(exc)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+def _deliver(interrupt: BaseException | None) -> None:
+    """Raise the exception :func:`_ctrl_c_held` held, or re-send SIGINT to this process (its
+    default action, with the handler restored) when it held None."""
+    if interrupt is not None:
+        raise interrupt
+    os.kill(os.getpid(), signal.SIGINT)
+    raise KeyboardInterrupt  # reached only if the default action did not end the process
 
 
 def _alive_nodes() -> list[dict]:
