@@ -391,6 +391,7 @@ def train(
 
             check_policy_paths(cfg)  # first: it needs neither torch nor the simulators
             validate_job(cfg)
+            signals.check()  # a Ctrl-C swallowed while the simulators were imported
             if not resume:  # starting from an SFT checkpoint: the step-0 gate re-evaluates it
                 from rlinf_embodied.checkpoint import unwritable
                 from rlinf_embodied.sft.gate import GateError, gate_for_job
@@ -409,6 +410,7 @@ def train(
             extra = {"signals": signals, "checkpoint": ckpt}
             if cfg.elastic.enabled:  # elastic rollout: rlinf_embodied/elastic/runner.py
                 from rlinf_embodied.elastic.runner import ElasticEmbodiedRunner as EmbodiedRunner
+            signals.check()
             typer.echo(f"run directory: {run_dir}")
             runner = EmbodiedRunner(cfg, run_dir, resume=bool(resume), **extra)
         except typer.Exit:

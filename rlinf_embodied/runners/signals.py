@@ -45,6 +45,13 @@ class StopSignals:
         """A stop was asked for."""
         return self.first_at is not None
 
+    def check(self) -> None:
+        """Raise KeyboardInterrupt when a stop was asked for before training started: the one
+        the handler raised may have been swallowed (trimesh, which ``mani_skill`` imports,
+        wraps its optional imports in ``except BaseException``), and start-up went on."""
+        if self.requested and self.phase == "startup":
+            raise KeyboardInterrupt
+
     def install(self) -> "StopSignals":
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._prev.setdefault(sig, signal.signal(sig, self._handle))

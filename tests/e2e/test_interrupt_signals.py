@@ -76,3 +76,31 @@ def test_signal_while_a_restart_waits_for_capacity_ends_the_wait_at_once(capsys)
         assert s.requested and not s.aborted
     finally:
         s.restore()
+
+
+def test_a_ctrl_c_a_library_swallows_in_startup_still_stops_train_before_ray(monkeypatch, tmp_path):
+    """trimesh (imported with mani_skill while the job is validated) catches BaseException
+    around its optional imports, so the KeyboardInterrupt of a Ctrl-C there was lost and
+    start-up went on for a minute; ``train`` now stops before it starts Ray."""
+    from typer.testing import CliRunner
+
+    import rlinf_embodied.runners.setup as setup
+    from rlinf_embodied.cli import app
+
+    real = setup.validate_job
+
+    def swallowing(cfg):
+        try:
+            _send()
+        except BaseException:  # noqa: BLE001 - what trimesh's optional imports do with it
+            pass
+        real(cfg)
+
+    monkeypatch.setattr(setup, "validate_job", swallowing)
+    r = CliRunner().invoke(app, ["train", "configs/gym_pointreach_ppo_mlp.yaml",
+                                 f"run.dir={tmp_path / 'run'}"])
+    assert r.exit_code == 130, r.output
+    assert "Ctrl-C: stopping before training started" in r.output
+    assert "interrupted before training started: nothing was trained" in r.output
+    assert "cluster:" not in r.output and "run directory:" not in r.output  # no Ray started
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
