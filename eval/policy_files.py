@@ -94,7 +94,8 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
 
     if which not in RUN_CHECKPOINTS:
         raise PolicySourceError(
-            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}).")
+            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}); for "
+            f"another checkpoint pass its directory: --policy RUN/checkpoints/iter_NNNNNN.")
     is_run = (path / "checkpoints").is_dir()
     if which == "best":
         best = path / "checkpoints" / "best"

@@ -41,7 +41,8 @@ def check_source(source: str, expected_type: Optional[str], checkpoint: str = "l
     if checkpoint != "latest" and not _is_checkpoint_source(path):
         if checkpoint not in RUN_CHECKPOINTS:
             raise PolicySourceError(
-                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}).")
+                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}); "
+                f"for another checkpoint pass its directory: --policy RUN/checkpoints/iter_NNNNNN.")
         raise PolicySourceError(
             f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
             f"--policy {source} is none. Pass a run directory or drop --checkpoint."

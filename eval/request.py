@@ -357,6 +357,21 @@ def _run_settings(req: EvalRequest, run_env: Dict[str, Any]) -> Dict[str, Any]:
     return {k: run_env[k] for k in keys if run_env.get(k) not in (None, "", {}, [])}
 
 
+def _refuse_no_checkpoint(source: str) -> None:
+    """Raise :class:`EvalError` with :func:`~rlinf_embodied.eval.policy_files.find_checkpoint`'s
+    message when ``--policy source`` is a directory holding no policy (no checkpoint, run or
+    published VLA layout): that, not a missing ``--env``, is what to fix."""
+    from rlinf_embodied.eval.policy_files import PolicySourceError, find_checkpoint
+
+    path = Path(source).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file():  # a published VLA directory
+        return
+    try:
+        find_checkpoint(path)
+    except PolicySourceError as e:
+        raise EvalError(str(e)) from None
+
+
 def _suite_types() -> Dict[str, set]:
     """Each suite the env registry names (``libero/libero_spatial``, ``maniskill/maniskill_lang3``:
     ``envs list``) -> the env types that serve it."""
@@ -405,11 +420,20 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
             types = suites.get(req.suite, set())
             suite_env = next(iter(types)) if len(types) == 1 else None
             if suite_env is None:
+                _refuse_no_checkpoint(req.policy)  # a directory holding no policy: say that first
                 raise EvalError("--env is required (e.g. --env maniskill --task PushCube-v1), "
                                 "unless --policy is a training run or --suite names a suite.")
             log(f"eval: --env {suite_env} (the env of --suite {req.suite}).")
             req = replace(req, env=suite_env)
         else:
+            served = _suite_types().get(req.suite) if req.suite is not None else None
+            if served and run_env["type"] not in served:
+                own = sorted(k for k, v in _suite_types().items() if run_env["type"] in v)
+                raise EvalError(
+                    f"--suite {req.suite} is a {'/'.join(sorted(served))} suite, but the policy's run "
+                    f"({run_cfg}) trained on {run_env['type']}; pass one of its suites "
+                    f"({', '.join(own) or 'none registered'}) or drop --suite, or add --env "
+                    f"{sorted(served)[0]} to evaluate it there anyway.")
             log(f"eval: --env {run_env['type']} (the env type of the policy's run, {run_cfg}).")
             req = replace(req, env=str(run_env["type"]))
     run_type = run_env.get("type")

@@ -60,7 +60,8 @@ def report_saved(runner, run_dir: Optional[Path], how: str) -> None:
         return
     st = runner.state
     restarts = getattr(runner, "restarts", 0)
-    typer.echo(f"{how}: {st['iteration']} iterations, {st['env_steps']:,} env steps"
+    its = st["iteration"]
+    typer.echo(f"{how}: {its} iteration{'' if its == 1 else 's'}, {st['env_steps']:,} env steps"
                + (f", {restarts} restart(s)" if restarts else "") + f"; results in {run_dir}")
     if saved is not None and not saved.exists():  # rotated away meanwhile: say what is there
         from rlinf_embodied.checkpoint import latest_checkpoint

@@ -370,3 +370,22 @@ def test_compare_of_a_report_or_a_folder_is_one_line_naming_the_results_json(tmp
         out = " ".join(r.output.split())
         assert r.exit_code == 2 and message in out and "Traceback" not in out, out
         assert "\n" not in r.output.strip() and "pass another --output" not in out  # eval's, not compare's
+
+
+def test_a_suite_of_another_env_and_a_directory_without_a_policy_name_the_real_cause(tmp_path):
+    """Fresh-user trial: a ManiSkill run evaluated with --suite libero_spatial said "Unknown
+    ManiSkill suite" (it exists, for LIBERO); a directory holding no policy said "--env is
+    required" before the missing checkpoint."""
+    from rlinf_embodied.eval.families import FAMILIES
+    from rlinf_embodied.eval.request import EvalError, EvalRequest, adopt_run_env
+
+    run_env = {"type": "maniskill", "suite": "maniskill_lang3", "task_ids": [0, 1]}
+    with pytest.raises(EvalError) as e:
+        adopt_run_env(EvalRequest(env=None, policy="run", suite="libero_spatial"), run_env,
+                      "run/config.yaml", FAMILIES, lambda _: None)
+    assert str(e.value).startswith("--suite libero_spatial is a libero suite, but the policy's run "
+                                   "(run/config.yaml) trained on maniskill; pass one of its suites "
+                                   "(maniskill_lang3, maniskill_lang3_peg)")
+    (tmp_path / "notes.txt").write_text("no policy here")
+    with pytest.raises(EvalError, match=f"No policy checkpoint found at {tmp_path}"):
+        adopt_run_env(EvalRequest(env=None, policy=str(tmp_path)), {}, None, FAMILIES, lambda _: None)

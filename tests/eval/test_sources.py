@@ -75,7 +75,7 @@ def test_run_directory_resolves_latest_checkpoint(tmp_path):
         resolve_policy(loaded.path, _ctx(), checkpoint="best")  # a checkpoint, not a run
     with pytest.raises(PolicySourceError, match="--policy random is none"):
         resolve_policy("random", _ctx(), checkpoint="best")
-    with pytest.raises(PolicySourceError, match="must be one of latest, best"):
+    with pytest.raises(PolicySourceError, match="must be one of latest, best .*--policy RUN/checkpoints/iter_NNNNNN"):
         resolve_policy(str(tmp_path / "run"), _ctx(), checkpoint="newest")
 
 
