@@ -97,10 +97,11 @@ def test_a_ctrl_c_a_library_swallows_in_startup_still_stops_train_before_ray(mon
         real(cfg)
 
     monkeypatch.setattr(setup, "validate_job", swallowing)
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a background job of a script (CI)
     r = CliRunner().invoke(app, ["train", "configs/gym_pointreach_ppo_mlp.yaml",
                                  f"run.dir={tmp_path / 'run'}"])
     assert r.exit_code == 130, r.output
     assert "Ctrl-C: stopping before training started" in r.output
     assert "interrupted before training started: nothing was trained" in r.output
     assert "cluster:" not in r.output and "run directory:" not in r.output  # no Ray started
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) == before  # the CLI's handlers are restored
