@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
-__all__ = ["PolicySourceError", "hash_files", "hash_policy", "missing_source", "RUN_CHECKPOINTS", "find_checkpoint", "vla_type",
+__all__ = ["PolicySourceError", "hash_files", "hash_policy", "missing_source", "RUN_CHECKPOINTS",
+           "check_checkpoint_choice", "find_checkpoint", "vla_type",
            "choose_unnorm_key", "names_callable", "importable_from_cwd", "import_failure",
            "unimportable_module"]
 
@@ -74,6 +75,18 @@ RUN_CHECKPOINTS = ("latest", "best")
 """Which checkpoint of a training run directory ``--policy`` takes (``--checkpoint``)."""
 
 
+def check_checkpoint_choice(which: str) -> None:
+    """Refuse a ``--checkpoint`` outside :data:`RUN_CHECKPOINTS`.
+
+    Raises:
+        PolicySourceError: naming how to evaluate any other checkpoint of a run.
+    """
+    if which not in RUN_CHECKPOINTS:
+        raise PolicySourceError(
+            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}); for "
+            f"another checkpoint pass its directory: --policy RUN/checkpoints/iter_NNNNNN.")
+
+
 def find_checkpoint(path: Path, which: str = "latest") -> Path:
     """The ``save_policy`` directory (with ``policy.yaml``) that ``path`` designates.
 
@@ -92,10 +105,7 @@ def find_checkpoint(path: Path, which: str = "latest") -> Path:
 
     from rlinf_embodied.checkpoint import checkpoint_problem, latest_checkpoint
 
-    if which not in RUN_CHECKPOINTS:
-        raise PolicySourceError(
-            f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {which!r}); for "
-            f"another checkpoint pass its directory: --policy RUN/checkpoints/iter_NNNNNN.")
+    check_checkpoint_choice(which)
     is_run = (path / "checkpoints").is_dir()
     if which == "best":
         best = path / "checkpoints" / "best"

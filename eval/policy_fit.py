@@ -18,7 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from rlinf_embodied.eval.policy_files import RUN_CHECKPOINTS, PolicySourceError, find_checkpoint, vla_type
+from rlinf_embodied.eval.policy_files import (
+    PolicySourceError,
+    check_checkpoint_choice,
+    find_checkpoint,
+    vla_type,
+)
 
 __all__ = ["check_source", "vla_kind", "predicted_env_shapes", "spec_problems", "mismatch_error",
            "training_env_hint", "check_policy_fits", "type_error"]
@@ -39,10 +44,7 @@ def check_source(source: str, expected_type: Optional[str], checkpoint: str = "l
     """
     path = Path(source).expanduser()
     if checkpoint != "latest" and not _is_checkpoint_source(path):
-        if checkpoint not in RUN_CHECKPOINTS:
-            raise PolicySourceError(
-                f"--checkpoint must be one of {', '.join(RUN_CHECKPOINTS)} (got {checkpoint!r}); "
-                f"for another checkpoint pass its directory: --policy RUN/checkpoints/iter_NNNNNN.")
+        check_checkpoint_choice(checkpoint)
         raise PolicySourceError(
             f"--checkpoint {checkpoint} selects a checkpoint of a training run directory; "
             f"--policy {source} is none. Pass a run directory or drop --checkpoint."

@@ -426,9 +426,10 @@ def adopt_run_env(req: EvalRequest, run_env: Dict[str, Any], run_cfg: Any,
             log(f"eval: --env {suite_env} (the env of --suite {req.suite}).")
             req = replace(req, env=suite_env)
         else:
-            served = _suite_types().get(req.suite) if req.suite is not None else None
+            suites = _suite_types()
+            served = suites.get(req.suite) if req.suite is not None else None
             if served and run_env["type"] not in served:
-                own = sorted(k for k, v in _suite_types().items() if run_env["type"] in v)
+                own = sorted(k for k, v in suites.items() if run_env["type"] in v)
                 raise EvalError(
                     f"--suite {req.suite} is a {'/'.join(sorted(served))} suite, but the policy's run "
                     f"({run_cfg}) trained on {run_env['type']}; pass one of its suites "
